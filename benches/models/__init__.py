@@ -1,0 +1,1 @@
+"""Benchmark workloads: each module exposes ``build(scale) -> Workload``."""

@@ -1,0 +1,192 @@
+"""Published third-party models (Keras, Hugging Face Flax, Haiku, Equinox) as benchmark workloads.
+
+Every model is built from its library's own code with random weights, so nothing is downloaded at run
+time. Each library is imported inside its builder; install them with the optional extra ``models``
+(pins in ``benches/real_models_requirements.txt``).
+"""
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benches.workload import Workload
+
+SEED = 0
+
+
+def _normal(shape: tuple[int, ...]) -> jax.Array:
+    """A fixed random float32 input."""
+    return jnp.asarray(np.random.default_rng(SEED).standard_normal(shape, dtype=np.float32))
+
+
+def _token_ids(batch: int, seq: int, vocab: int) -> jax.Array:
+    """Fixed random token ids."""
+    return jnp.asarray(np.random.default_rng(SEED).integers(0, vocab, (batch, seq), dtype=np.int32))
+
+
+def _init_scope() -> contextlib.AbstractContextManager[None]:
+    """Context for building random weights: non-partitionable threefry compiles several times faster on CPU,
+    and libraries that draw each weight eagerly compile one sampler per distinct shape."""
+    return jax.threefry_partitionable(False)
+
+
+def _workload(name: str, fn: Callable[[Any, jax.Array], Any], params: Any, x: jax.Array, note: str) -> Workload:
+    return Workload(name=name, fn=fn, args=(params, x), params_argnums=(0,), note=note)
+
+
+# --- Keras 3 (JAX backend) ---------------------------------------------------------------------------
+
+
+def _keras_app(name: str, app: str, size: int = 224) -> Workload:
+    """A ``keras.applications`` model, random init, inference mode, batch 1."""
+    os.environ["KERAS_BACKEND"] = "jax"
+    import keras
+
+    if keras.backend.backend() != "jax":
+        raise RuntimeError(f"keras was imported with backend {keras.backend.backend()!r}, need 'jax'")
+    keras.utils.set_random_seed(SEED)
+    with _init_scope():
+        model = getattr(keras.applications, app)(weights=None, input_shape=(size, size, 3))
+    params = (
+        [v.value for v in model.trainable_variables],
+        [v.value for v in model.non_trainable_variables],
+    )
+
+    def fn(params: Any, x: jax.Array) -> jax.Array:
+        trainable, non_trainable = params
+        y, _ = model.stateless_call(trainable, non_trainable, x, training=False)
+        return y
+
+    return _workload(name, fn, params, _normal((1, size, size, 3)), f"keras.applications.{app} {size}x{size}")
+
+
+def keras_resnet50() -> Workload:
+    return _keras_app("keras_resnet50", "ResNet50")
+
+
+def keras_mobilenetv2() -> Workload:
+    return _keras_app("keras_mobilenetv2", "MobileNetV2")
+
+
+# --- Hugging Face transformers (Flax) ----------------------------------------------------------------
+
+
+def _hf_flax(name: str, model_cls: str, config_cls: str, seq: int = 128, **config: Any) -> Workload:
+    """A transformers Flax model built from a config (random init), last hidden state, batch 1."""
+    import transformers
+
+    cfg = getattr(transformers, config_cls)(**config)
+    model = getattr(transformers, model_cls)(cfg, input_shape=(1, seq), seed=SEED, _do_init=False)
+    with _init_scope():
+        params = jax.jit(model.init_weights, static_argnums=1)(model.key, (1, seq))
+
+    def fn(params: Any, input_ids: jax.Array) -> jax.Array:
+        return model(input_ids, params=params, train=False).last_hidden_state
+
+    ids = _token_ids(1, seq, cfg.vocab_size)
+    return _workload(name, fn, params, ids, f"transformers.{model_cls} seq {seq}")
+
+
+def flax_bert() -> Workload:
+    return _hf_flax("flax_bert", "FlaxBertModel", "BertConfig")  # BERT-base defaults
+
+
+def flax_gpt2() -> Workload:
+    return _hf_flax("flax_gpt2", "FlaxGPT2Model", "GPT2Config")  # GPT-2 small defaults
+
+
+# --- dm-haiku ----------------------------------------------------------------------------------------
+
+
+def _haiku(name: str, forward: Callable[[jax.Array, bool], jax.Array], x: jax.Array, note: str) -> Workload:
+    """Transform ``forward(x, is_training)`` with state; params and state together are the weights.
+
+    Init runs in training mode so that batch-norm statistics exist; the workload runs in inference mode.
+    """
+    import haiku as hk
+
+    net = hk.without_apply_rng(hk.transform_with_state(forward))
+    with _init_scope():
+        params = jax.jit(net.init, static_argnums=2)(jax.random.key(SEED), x, True)
+
+    def fn(params: Any, x: jax.Array) -> jax.Array:
+        return net.apply(*params, x, False)[0]
+
+    return _workload(name, fn, params, x, note)
+
+
+def haiku_resnet50() -> Workload:
+    import haiku as hk
+
+    def forward(x: jax.Array, is_training: bool) -> jax.Array:
+        return hk.nets.ResNet50(num_classes=1000)(x, is_training=is_training)
+
+    return _haiku("haiku_resnet50", forward, _normal((1, 224, 224, 3)), "haiku.nets.ResNet50 224x224")
+
+
+def haiku_mlp() -> Workload:
+    import haiku as hk
+
+    def forward(x: jax.Array, is_training: bool) -> jax.Array:
+        del is_training
+        return hk.nets.MLP([1024, 1024, 1024, 10])(x)
+
+    return _haiku("haiku_mlp", forward, _normal((32, 784)), "haiku.nets.MLP 784-1024x3-10 batch 32")
+
+
+# --- Equinox -----------------------------------------------------------------------------------------
+
+
+def _equinox(name: str, model: Any, x: jax.Array, note: str) -> Workload:
+    """Split an Equinox module into array leaves (the weights) and static structure; vmap over batch."""
+    import equinox as eqx
+
+    params, static = eqx.partition(model, eqx.is_array)
+
+    def fn(params: Any, x: jax.Array) -> jax.Array:
+        return jax.vmap(eqx.combine(params, static))(x)
+
+    return _workload(name, fn, params, x, note)
+
+
+def equinox_mlp() -> Workload:
+    import equinox as eqx
+
+    model = eqx.nn.MLP(784, 10, width_size=1024, depth=3, activation=jax.nn.gelu, key=jax.random.key(SEED))
+    return _equinox("equinox_mlp", model, _normal((32, 784)), "equinox.nn.MLP 784-1024x3-10 batch 32")
+
+
+def equinox_cnn() -> Workload:
+    import equinox as eqx
+
+    k1, k2, k3 = jax.random.split(jax.random.key(SEED), 3)
+    model = eqx.nn.Sequential(
+        [
+            eqx.nn.Conv2d(1, 32, 3, padding=1, key=k1),
+            eqx.nn.Lambda(jax.nn.relu),
+            eqx.nn.MaxPool2d(2, stride=2),
+            eqx.nn.Conv2d(32, 64, 3, padding=1, key=k2),
+            eqx.nn.Lambda(jax.nn.relu),
+            eqx.nn.AdaptiveAvgPool2d(1),
+            eqx.nn.Lambda(jnp.ravel),
+            eqx.nn.Linear(64, 10, key=k3),
+        ]
+    )
+    return _equinox("equinox_cnn", model, _normal((16, 1, 28, 28)), "equinox.nn Conv2d/MaxPool2d/Linear batch 16")
+
+
+REAL_MODELS: dict[str, Callable[[], Workload]] = {
+    "keras_resnet50": keras_resnet50,
+    "keras_mobilenetv2": keras_mobilenetv2,
+    "flax_bert": flax_bert,
+    "flax_gpt2": flax_gpt2,
+    "haiku_resnet50": haiku_resnet50,
+    "haiku_mlp": haiku_mlp,
+    "equinox_mlp": equinox_mlp,
+    "equinox_cnn": equinox_cnn,
+}

@@ -1,0 +1,236 @@
+"""The public API: optimize() wraps a function like jax.jit; each input signature gets its own plan.
+
+optimize(f) -> capture -> saturate -> extract -> lower -> validate, once per signature, then cached.
+"""
+
+import functools
+import logging
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from backends.lower import lower
+from eqsat import rules as rule_sources
+from eqsat.capture import capture
+from eqsat.errors import CaptureError
+from eqsat.saturate import Limits, saturate
+from extract.cost import load_profile
+from extract.plan import Plan, build_plan
+
+log = logging.getLogger("eqsat")
+
+
+class EqsatWarning(UserWarning):
+    """The optimized program disagreed with the original, or could not be built; the original runs."""
+
+
+# relative tolerance per dtype kind: float32 re-association changes rounding by about this much
+_RTOL = {"float64": 1e-7, "float32": 2e-3, "float16": 5e-2, "bfloat16": 5e-2}
+
+
+@dataclass
+class _Entry:
+    plan: Plan
+    call: Callable[..., list[Any]]  # flat args -> flat results: the optimized program, or the original
+    original: Callable[..., list[Any]]  # the original, jitted, as the reference and the fallback
+    out_tree: Any
+    validated: bool
+
+
+class Optimized:
+    """The callable optimize() returns: call it like the original; `.plan(*args)` shows what runs."""
+
+    def __init__(
+        self,
+        fun: Callable[..., Any],
+        *,
+        target: str,
+        rules: Sequence[str | Path] | str | Path | None,
+        disabled_rules: tuple[str, ...],
+        static_argnums: tuple[int, ...],
+        validate: bool,
+        limits: Limits | None,
+    ) -> None:
+        self.fun = fun
+        self.profile = load_profile(target)
+        self.rules = rule_sources.collect(rules, disabled_rules)
+        self.static_argnums = tuple(static_argnums)
+        self.validate = validate
+        self.limits = limits or Limits()
+        self._cache: dict[Any, _Entry] = {}
+        functools.update_wrapper(self, fun)
+
+    def __call__(self, *args: Any) -> Any:
+        flat, key = self._flatten(args)
+        entry = self._entry(args, flat, key)
+        if not entry.validated:
+            self._validate(entry, flat)
+        return jax.tree_util.tree_unflatten(entry.out_tree, entry.call(*flat))
+
+    def plan(self, *args: Any) -> Plan:
+        """The plan used for arguments of these shapes and dtypes (built if needed)."""
+        flat, key = self._flatten(args)
+        return self._entry(args, flat, key).plan
+
+    def _flatten(self, args: tuple) -> tuple[list[Any], Any]:
+        for i in self.static_argnums:
+            if not -len(args) <= i < len(args):
+                raise CaptureError(
+                    f"static_argnums={self.static_argnums} names argument {i}, but "
+                    f"{getattr(self.fun, '__name__', 'the function')} got {len(args)} arguments"
+                )
+        static = {i % len(args) for i in self.static_argnums}
+        dynamic = [a for i, a in enumerate(args) if i not in static]
+        flat, tree = jax.tree_util.tree_flatten(dynamic)
+        try:
+            avals = tuple((tuple(np.shape(x)), str(jax.numpy.result_type(x)), _weak(x)) for x in flat)
+        except TypeError as error:
+            raise CaptureError(f"eqsat.optimize: an argument is not an array or number: {error}") from None
+        key = (tree, avals, tuple((i, args[i]) for i in sorted(static)))
+        return flat, key
+
+    def _entry(self, args: tuple, flat: list[Any], key: Any) -> _Entry:
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._cache[key] = self._build(args, flat)
+        return entry
+
+    def _build(self, args: tuple, flat: list[Any]) -> _Entry:
+        name = getattr(self.fun, "__name__", repr(self.fun))
+        flat_fun, out_tree = _flat_function(self.fun, args, self.static_argnums)
+        t0 = time.perf_counter()
+        try:
+            closed = jax.make_jaxpr(flat_fun)(*flat)
+        except Exception as error:
+            raise CaptureError(
+                f"eqsat.optimize could not trace {name}: {type(error).__name__}: {str(error).splitlines()[0]} "
+                "eqsat accepts what jax.jit accepts: mark Python-valued arguments with static_argnums."
+            ) from error
+        graph = capture(closed)
+        t1 = time.perf_counter()
+        snapshot = saturate(graph, self.rules, self.limits)
+        t2 = time.perf_counter()
+        plan = build_plan(graph, snapshot, self.profile)
+        t3 = time.perf_counter()
+        optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
+        plan.stats.update(capture_s=t1 - t0, saturate_s=t2 - t1, extract_s=t3 - t2)
+        log.info("eqsat: %s\n%s", name, plan.summary())
+        return _Entry(plan, optimized, jax.jit(flat_fun), out_tree(), validated=not self.validate)
+
+    def _validate(self, entry: _Entry, flat: list[Any]) -> None:
+        """Compare with the original on these arguments (or random ones while tracing); fall back on mismatch."""
+        if any(isinstance(x, jax.core.Tracer) for x in flat):
+            flat = [_example_like(x, i) for i, x in enumerate(flat)]
+        problem = _mismatch(entry.original(*flat), entry.call(*flat))
+        entry.validated = True
+        if problem:
+            suspects = entry.plan.rules_involved() or sorted(entry.plan.rules_fired)
+            entry.plan.fallback = f"optimized result differed from the original ({problem}); rules involved: {suspects}"
+            warnings.warn(
+                f"eqsat: the optimized {getattr(self.fun, '__name__', 'function')} differed from the original "
+                f"({problem}); running the original instead. Rules involved: {suspects}.",
+                EqsatWarning,
+                stacklevel=3,
+            )
+            entry.call = entry.original
+
+
+def optimize(
+    fun: Callable[..., Any] | None = None,
+    *,
+    target: str = "cpu",
+    rules: Sequence[str | Path] | str | Path | None = None,
+    disabled_rules: Sequence[str] = (),
+    static_argnums: int | Sequence[int] = (),
+    validate: bool = True,
+    limits: Limits | None = None,
+) -> Any:
+    """Optimize a JAX function by equality saturation; use as `optimize(f, ...)` or `@optimize(...)`.
+
+    target: a device profile ("cpu", "a100", "h100", "h200", "tpu-v5e"); the plan runs wherever JAX runs.
+    rules: extra rule files (paths) or egglog text; disabled_rules: built-in groups to switch off by name.
+    static_argnums: as in jax.jit. validate: compare with the original on the first call of each signature
+    and fall back to it, with a warning, on a mismatch. limits: bounds on saturation (eqsat.Limits).
+    """
+    settings = dict(
+        target=target,
+        rules=rules,
+        disabled_rules=tuple(disabled_rules),
+        static_argnums=(static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums),
+        validate=validate,
+        limits=limits,
+    )
+    if fun is None:
+        return functools.partial(optimize, **settings)
+    if not callable(fun):
+        raise TypeError(
+            f"eqsat.optimize expects a callable (a function of JAX arrays), got {type(fun).__name__}: {fun!r:.80}"
+        )
+    return Optimized(fun, **settings)
+
+
+def _flat_function(
+    fun: Callable[..., Any], args: tuple, static_argnums: tuple[int, ...]
+) -> tuple[Callable[..., list[Any]], Callable[[], Any]]:
+    """fun as a function of the flat dynamic leaves (static arguments closed over), and its output tree."""
+    static = {i % len(args) for i in static_argnums} if args else set()
+    dynamic_tree = jax.tree_util.tree_structure([a for i, a in enumerate(args) if i not in static])
+    out_tree: dict[str, Any] = {}
+
+    def flat_fun(*leaves: Any) -> list[Any]:
+        dynamic = iter(jax.tree_util.tree_unflatten(dynamic_tree, leaves))
+        full = [args[i] if i in static else next(dynamic) for i in range(len(args))]
+        results, out_tree["tree"] = jax.tree_util.tree_flatten(fun(*full))
+        return results
+
+    return flat_fun, lambda: out_tree["tree"]
+
+
+def _with_original_derivatives(
+    optimized: Callable[..., list[Any]], original: Callable[..., list[Any]]
+) -> Callable[..., list[Any]]:
+    """The optimized forward pass, differentiated as the original is (custom_jvp keeps grad and vmap exact)."""
+    wrapped = jax.custom_jvp(optimized)
+    wrapped.defjvp(lambda primals, tangents: jax.jvp(original, primals, tangents))
+    return wrapped
+
+
+def _weak(x: Any) -> bool:
+    return bool(getattr(x, "weak_type", False)) or isinstance(x, int | float | complex)
+
+
+def _example_like(x: Any, seed: int) -> np.ndarray:
+    dtype = np.dtype(x.dtype)
+    if np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.complexfloating):
+        return np.random.default_rng(seed).standard_normal(x.shape).astype(dtype)
+    return np.zeros(x.shape, dtype)
+
+
+def _mismatch(expected: list[Any], got: list[Any]) -> str | None:
+    """None if every result agrees within the dtype's tolerance, else what differed."""
+    for k, (want, have) in enumerate(zip(expected, got, strict=True)):
+        want, have = np.asarray(want), np.asarray(have)
+        if want.shape != have.shape or want.dtype != have.dtype:
+            return f"result {k}: {have.shape} {have.dtype} instead of {want.shape} {want.dtype}"
+        rtol = _RTOL.get(want.dtype.name)
+        if rtol is None:
+            if not np.array_equal(want, have):
+                return f"result {k}: {np.sum(want != have)} elements differ"
+            continue
+        w, h = want.astype(np.float64), have.astype(np.float64)
+        if not np.array_equal(np.isnan(w), np.isnan(h)):
+            return f"result {k}: NaNs in different places"
+        finite = np.isfinite(w) & np.isfinite(h)
+        scale = float(np.max(np.abs(w[finite]), initial=1.0))
+        error = np.abs(w - h)[finite]
+        if error.size and float(error.max()) > rtol * scale:
+            return f"result {k}: max abs error {float(error.max()):.3g} > {rtol:g} x max |value| {scale:.3g}"
+        if not np.array_equal(w[~finite], h[~finite]):
+            return f"result {k}: infinities differ"
+    return None

@@ -1,0 +1,143 @@
+"""Capture: trace a JAX function to a jaxpr and turn it into eqsat's graph IR.
+
+One dispatch loop over the equations. Call-like primitives (nested jit, custom_jvp/custom_vjp) are inlined;
+primitives the op table models become IR ops; everything else becomes an opaque node that lowering re-binds
+with its original parameters, so no program jax can trace is refused.
+"""
+
+from typing import Any
+
+import numpy as np
+from jax.core import ShapedArray
+from jax.extend import core as jcore
+
+from eqsat.ir import Graph, Node, Opaque
+from eqsat.ops import CAPTURED_PRIMITIVES
+
+INLINED = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call"}
+_BODY_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+
+def capture(closed: jcore.ClosedJaxpr) -> Graph:
+    graph = Graph()
+    for i, var in enumerate(closed.jaxpr.invars):
+        graph.inputs.append(graph.add(Node("Var", (), (f"x{i}",), _shape(var), _dtype(var))))
+    const_ids = [_const(graph, value) for value in closed.consts]
+    graph.outputs = _capture_jaxpr(graph, closed.jaxpr, const_ids, graph.inputs)
+    return graph
+
+
+def _capture_jaxpr(graph: Graph, jaxpr: jcore.Jaxpr, consts: list[int], args: list[int]) -> list[int]:
+    env: dict[Any, int] = dict(zip(jaxpr.constvars, consts, strict=True))
+    env.update(zip(jaxpr.invars, args, strict=True))
+
+    def read(atom: Any) -> int:
+        if isinstance(atom, jcore.Literal):
+            return _const(graph, np.asarray(atom.val, dtype=atom.aval.dtype))
+        return env[atom]
+
+    for eqn in jaxpr.eqns:
+        inputs = [read(v) for v in eqn.invars]
+        if eqn.primitive.name in INLINED and (body := _body(eqn.params)) is not None:
+            body_consts = [_const(graph, value) for value in body.consts]
+            outs = _capture_jaxpr(graph, body.jaxpr, body_consts, inputs)
+        else:
+            outs = _capture_eqn(graph, eqn, inputs)
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _capture_eqn(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> list[int]:
+    out = eqn.outvars[0]
+    modeled = _model(graph, eqn, inputs)
+    if modeled is not None:
+        op, attrs, args = modeled
+        return [graph.add(Node(op, tuple(args), attrs, _shape(out), _dtype(out)))]
+    graph.opaque.append(Opaque(eqn.primitive, dict(eqn.params), eqn.primitive.multiple_results))
+    index = len(graph.opaque) - 1
+    if not eqn.primitive.multiple_results:
+        node = graph.add(Node("Op", tuple(inputs), (index,), _shape(out), _dtype(out)))
+        results = [node]
+    else:
+        call = graph.add(Node("Op", tuple(inputs), (index,)))
+        results = [graph.add(Node("Get", (call,), (i,), _shape(v), _dtype(v))) for i, v in enumerate(eqn.outvars)]
+    if eqn.effects:
+        graph.effects.extend(results)
+    return results
+
+
+def _model(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    """The IR op for an equation the op table models exactly, or None to keep it opaque."""
+    name = eqn.primitive.name
+    if eqn.effects or not all(isinstance(v.aval, ShapedArray) for v in (*eqn.invars, *eqn.outvars)):
+        return None
+    dtypes = {v.aval.dtype for v in (*eqn.invars, *eqn.outvars)}
+    if len(dtypes) != 1 or dtypes == {np.dtype(bool)} or not isinstance(next(iter(dtypes)), np.dtype):
+        return None
+    if name == "dot_general":
+        return _model_dot(graph, eqn, inputs)
+    op = CAPTURED_PRIMITIVES.get(name)
+    if op is None or any(value is not None for value in eqn.params.values()):
+        return None
+    if op.arity == 2:
+        sa, sb = (v.aval.shape for v in eqn.invars)
+        if not (sa == sb or sa == () or sb == ()):
+            return None
+    return op.name, (), inputs
+
+
+def _model_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    """dot_general in the forms that Dot / BatchDot express, with a matrix transpose of b where needed."""
+
+    def transposed(node: int) -> int:
+        src = graph.nodes[node]
+        assert src.shape is not None
+        shape = (*src.shape[:-2], src.shape[-1], src.shape[-2])
+        return graph.add(Node("MT", (node,), (), shape, src.dtype))
+
+    params = eqn.params
+    if params.get("precision") is not None:
+        return None
+    (ca, cb), (ba, bb) = params["dimension_numbers"]
+    ra, rb = (len(v.aval.shape) for v in eqn.invars)
+    a, b = inputs
+    if not ba and not bb and tuple(ca) == (ra - 1,):
+        if tuple(cb) == (0,):
+            return "Dot", (), [a, b]
+        if rb == 2 and tuple(cb) == (1,):
+            return "Dot", (), [a, transposed(b)]
+        return None
+    nb = len(ba)
+    batch = tuple(range(nb))
+    if tuple(ba) != batch or tuple(bb) != batch or ra != nb + 2 or rb != nb + 2 or tuple(ca) != (nb + 1,):
+        return None
+    if tuple(cb) == (nb,):
+        return "BatchDot", (), [a, b]
+    if tuple(cb) == (nb + 1,):
+        return "BatchDot", (), [a, transposed(b)]
+    return None
+
+
+def _body(params: dict[str, Any]) -> jcore.ClosedJaxpr | None:
+    for key in _BODY_PARAMS:
+        body = params.get(key)
+        if isinstance(body, jcore.ClosedJaxpr):
+            return body
+        if isinstance(body, jcore.Jaxpr):
+            return jcore.ClosedJaxpr(body, ())
+    return None
+
+
+def _const(graph: Graph, value: Any) -> int:
+    array = np.asarray(value)
+    name = f"c{len(graph.consts)}"
+    graph.consts[name] = array
+    return graph.add(Node("Var", (), (name,), tuple(array.shape), str(array.dtype)))
+
+
+def _shape(var: Any) -> tuple[int, ...] | None:
+    return tuple(var.aval.shape) if hasattr(var.aval, "shape") else None
+
+
+def _dtype(var: Any) -> str | None:
+    return str(var.aval.dtype) if hasattr(var.aval, "dtype") else None

@@ -1,0 +1,57 @@
+"""Encoding: the egglog prelude generated from the op table, and a graph as egglog commands."""
+
+from eqsat.ir import Graph, Node
+from eqsat.ops import OPAQUE_DECLS, OPS
+
+ANALYSIS = "analysis"  # ruleset of the shape and dtype analyses, saturated before every rewrite step
+
+
+def prelude() -> str:
+    """Sorts, constructors and analyses of every op in the op table."""
+    lines = [
+        "(sort Tensor)",
+        "(sort Shape (Vec i64))",
+        "(function shape (Tensor) Shape :no-merge)",
+        "(function dtype (Tensor) String :no-merge)",
+        "(relation Orig (i64 Tensor))",
+        f"(ruleset {ANALYSIS})",
+        OPAQUE_DECLS.strip(),
+    ]
+    for op in OPS.values():
+        lines.append(f"(constructor {op.name} ({op.signature()}) Tensor)")
+        for k, rule in enumerate(op.shape_rules):
+            body = rule.format(pat=op.pattern()).removesuffix(")")
+            lines.append(f'{body} :ruleset {ANALYSIS} :name "{ANALYSIS}:shape-{op.name}-{k}")')
+        if op.arity:
+            lines.append(
+                f"(rule ((= e {op.pattern()}) (= d (dtype a))) ((set (dtype e) d))"
+                f' :ruleset {ANALYSIS} :name "{ANALYSIS}:dtype-{op.name}")'
+            )
+    return "\n".join(lines)
+
+
+def encode(graph: Graph) -> str:
+    """Each node as a let-bound term, with its shape and dtype known from capture, tagged (Orig index)."""
+    lines = []
+    for i, node in enumerate(graph.nodes):
+        lines.append(f"(let $n{i} {_term(graph, node)})")
+        if node.shape is not None:
+            dims = " ".join(str(d) for d in node.shape)
+            lines.append(f"(set (shape $n{i}) {f'(vec-of {dims})' if dims else '(vec-empty)'})")
+            lines.append(f'(set (dtype $n{i}) "{node.dtype}")')
+        lines.append(f"(Orig {i} $n{i})")
+    return "\n".join(lines)
+
+
+def _term(graph: Graph, node: Node) -> str:
+    if node.op == "Var":
+        return f'(Var "{node.attrs[0]}")'
+    if node.op == "Get":
+        return f"(Get $n{node.inputs[0]} {node.attrs[0]})"
+    if node.op == "Op":
+        args = "(TNil)"
+        for i in reversed(node.inputs):
+            args = f"(TCons $n{i} {args})"
+        return f"(Op {node.attrs[0]} {args})"
+    parts = [str(a) for a in node.attrs] + [f"$n{i}" for i in node.inputs]
+    return f"({node.op} {' '.join(parts)})"

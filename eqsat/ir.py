@@ -1,0 +1,50 @@
+"""eqsat's graph IR: a flat list of nodes in topological order, each naming an op of the op table."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A jax primitive eqsat does not model, re-bound unchanged with its original parameters."""
+
+    primitive: Any
+    params: dict[str, Any]
+    multiple_results: bool
+
+
+@dataclass(frozen=True)
+class Node:
+    op: str  # an OPS name, or "Op" (opaque call) / "Get" (one result of a multi-result opaque call)
+    inputs: tuple[int, ...]  # indices of earlier nodes
+    attrs: tuple[Any, ...] = ()  # Var: (name,); Op: (opaque index,); Get: (result index,); else OPS attrs
+    shape: Shape | None = None  # None for the tuple value of a multi-result opaque call
+    dtype: str | None = None  # jax dtype name: 'float32', 'bfloat16', 'key<fry>', ...
+
+
+@dataclass
+class Graph:
+    nodes: list[Node] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)  # Var nodes of the flat arguments, in order
+    outputs: list[int] = field(default_factory=list)  # flat results, in order
+    effects: list[int] = field(default_factory=list)  # effectful nodes kept alive though nothing uses them
+    consts: dict[str, np.ndarray] = field(default_factory=dict)  # Var name -> value
+    opaque: list[Opaque] = field(default_factory=list)
+
+    def add(self, node: Node) -> int:
+        self.nodes.append(node)
+        return len(self.nodes) - 1
+
+    def roots(self) -> list[int]:
+        return [*self.outputs, *self.effects]
+
+    def op_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for node in self.nodes:
+            name = self.opaque[node.attrs[0]].primitive.name if node.op == "Op" else node.op
+            counts[name] = counts.get(name, 0) + 1
+        return counts

@@ -1,0 +1,59 @@
+"""Timing on shared, noisy machines: two functions measured interleaved in one process, reported as a ratio."""
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+
+@dataclass(frozen=True)
+class Comparison:
+    baseline_s: float  # median seconds per call
+    candidate_s: float
+    ratio: float  # median of per-round baseline/candidate: > 1 means the candidate is faster
+    ratio_low: float  # 25th percentile of the per-round ratios
+    ratio_high: float  # 75th percentile
+    rounds: int
+
+    def __str__(self) -> str:
+        return (
+            f"{self.ratio:.2f}x (IQR {self.ratio_low:.2f}-{self.ratio_high:.2f}, {self.rounds} interleaved rounds; "
+            f"jax.jit {self.baseline_s * 1e3:.3f} ms, eqsat {self.candidate_s * 1e3:.3f} ms)"
+        )
+
+
+def _time_once(fn: Callable[..., Any], args: tuple, repeat: int) -> float:
+    start = time.perf_counter()
+    for _ in range(repeat):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / repeat
+
+
+def compare(
+    baseline: Callable[..., Any], candidate: Callable[..., Any], args: tuple, seconds: float = 2.0
+) -> Comparison:
+    """Interleave baseline and candidate rounds (order alternating) until `seconds` have passed."""
+    jax.block_until_ready(baseline(*args))
+    jax.block_until_ready(candidate(*args))
+    probe = max(_time_once(baseline, args, 1), _time_once(candidate, args, 1), 1e-6)
+    repeat = max(1, int(0.02 / probe))  # rounds of at least ~20 ms so the timer's noise stays small
+    base, cand, ratios = [], [], []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(ratios) < 5:
+        pair = [(baseline, base), (candidate, cand)]
+        for fn, sink in pair if len(ratios) % 2 == 0 else reversed(pair):
+            sink.append(_time_once(fn, args, repeat))
+        ratios.append(base[-1] / cand[-1])
+    quartiles = statistics.quantiles(ratios, n=4)
+    return Comparison(
+        statistics.median(base),
+        statistics.median(cand),
+        statistics.median(ratios),
+        quartiles[0],
+        quartiles[2],
+        len(ratios),
+    )

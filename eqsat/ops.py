@@ -1,0 +1,186 @@
+"""The op table: every IR op is declared here once.
+
+Each entry gives the egglog constructor (attributes, then tensor inputs), the egglog rules that derive the
+output shape from the input shapes (a node whose shape guard fails gets no shape and is never extracted),
+how the op is priced (its cost class) and how it lowers to `jax.lax`. Capture, the egglog prelude, the cost
+model and lowering all read this table.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from math import prod
+from typing import Any
+
+import jax
+from jax import lax
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str  # egglog constructor name
+    attrs: tuple[str, ...]  # egglog sorts of the leading attribute arguments
+    arity: int  # tensor inputs after the attributes
+    cost_class: str  # "source" | "contraction" | "elementwise" | "layout" | "opaque"
+    lower: Callable[..., Any] | None  # lower(attrs, *inputs) -> jax value
+    shape_rules: tuple[str, ...] = ()  # egglog rule bodies; `e` is the node, `sa`/`sb` input shapes
+    primitives: tuple[str, ...] = ()  # jax primitives captured as this op
+
+    def signature(self) -> str:
+        return " ".join((*self.attrs, *("Tensor",) * self.arity))
+
+    def pattern(self) -> str:
+        """The egglog term that matches this op with variables k0.. for attributes and a, b for inputs."""
+        names = [f"k{i}" for i in range(len(self.attrs))] + ["a", "b"][: self.arity]
+        return f"({self.name} {' '.join(names)})"
+
+
+def contraction_flops(in_shapes: list[Shape], out_shape: Shape) -> int:
+    """2*M*N*K for a Dot or BatchDot: the output size times the contracted length, twice."""
+    contracted = in_shapes[0][-1]
+    return 2 * prod(out_shape) * contracted
+
+
+_SAME = "(rule ((= e {pat}) (= sa (shape a)) (= sb (shape b)) (= sa sb)) ((set (shape e) sa)))"
+_SCALAR_RIGHT = "(rule ((= e {pat}) (= sa (shape a)) (= sb (shape b)) (= (vec-length sb) 0)) ((set (shape e) sa)))"
+_SCALAR_LEFT = "(rule ((= e {pat}) (= sa (shape a)) (= sb (shape b)) (= (vec-length sa) 0)) ((set (shape e) sb)))"
+_UNARY = "(rule ((= e {pat}) (= sa (shape a))) ((set (shape e) sa)))"
+_BINARY_RULES = (_SAME, _SCALAR_RIGHT, _SCALAR_LEFT)
+
+
+def _binary(name: str, fn: Callable[..., Any], primitive: str) -> OpSpec:
+    return OpSpec(name, (), 2, "elementwise", lambda _attrs, a, b: fn(a, b), _BINARY_RULES, (primitive,))
+
+
+def _unary(name: str, fn: Callable[..., Any], primitive: str) -> OpSpec:
+    return OpSpec(name, (), 1, "elementwise", lambda _attrs, a: fn(a), (_UNARY,), (primitive,))
+
+
+def _matrix_transpose(x: Any) -> Any:
+    n = x.ndim
+    return lax.transpose(x, (*range(n - 2), n - 1, n - 2))
+
+
+def _dot(_attrs: tuple, a: Any, b: Any) -> Any:
+    return lax.dot_general(a, b, (((a.ndim - 1,), (0,)), ((), ())))
+
+
+def _batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
+    batch = tuple(range(a.ndim - 2))
+    return lax.dot_general(a, b, (((a.ndim - 1,), (a.ndim - 2,)), (batch, batch)))
+
+
+def _slice(attrs: tuple, a: Any) -> Any:
+    axis, start, stop = attrs
+    return lax.slice_in_dim(a, start, stop, axis=axis)
+
+
+OPS: dict[str, OpSpec] = {
+    op.name: op
+    for op in [
+        # Graph inputs, parameters and constants: (Var "x0"), (Var "c3").
+        OpSpec("Var", ("String",), 0, "source", None),
+        # tensordot with one contracted axis: a[..., K] . b[K, ...] -> a[..., :-1] + b[1:].
+        OpSpec(
+            "Dot",
+            (),
+            2,
+            "contraction",
+            _dot,
+            (
+                "(rule ((= e (Dot a b)) (= sa (shape a)) (= sb (shape b)) (> (vec-length sb) 0)"
+                " (= (vec-get sa (- (vec-length sa) 1)) (vec-get sb 0)))"
+                " ((set (shape e) (vec-append (vec-pop sa) (vec-remove sb 0)))))",
+            ),
+        ),
+        # batched matmul with leading batch dims: a[B..., M, K] . b[B..., K, N] -> [B..., M, N].
+        OpSpec(
+            "BatchDot",
+            (),
+            2,
+            "contraction",
+            _batch_dot,
+            (
+                "(rule ((= e (BatchDot a b)) (= sa (shape a)) (= sb (shape b)) (= n (vec-length sa))"
+                " (= n (vec-length sb)) (>= n 3) (= (vec-pop (vec-pop sa)) (vec-pop (vec-pop sb)))"
+                " (= (vec-get sa (- n 1)) (vec-get sb (- n 2))))"
+                " ((set (shape e) (vec-set sa (- n 1) (vec-get sb (- n 1))))))",
+            ),
+        ),
+        _binary("Add", lax.add, "add"),
+        _binary("Sub", lax.sub, "sub"),
+        _binary("Mul", lax.mul, "mul"),
+        _binary("Div", lax.div, "div"),
+        _binary("Max", lax.max, "max"),
+        _binary("Min", lax.min, "min"),
+        _unary("Neg", lax.neg, "neg"),
+        _unary("Exp", lax.exp, "exp"),
+        _unary("Log", lax.log, "log"),
+        _unary("Tanh", lax.tanh, "tanh"),
+        _unary("Logistic", lax.logistic, "logistic"),
+        _unary("Sqrt", lax.sqrt, "sqrt"),
+        _unary("Rsqrt", lax.rsqrt, "rsqrt"),
+        # swap the last two axes
+        OpSpec(
+            "MT",
+            (),
+            1,
+            "layout",
+            lambda _attrs, a: _matrix_transpose(a),
+            (
+                "(rule ((= e (MT a)) (= sa (shape a)) (= n (vec-length sa)) (>= n 2))"
+                " ((set (shape e) (vec-set (vec-set sa (- n 1) (vec-get sa (- n 2)))"
+                " (- n 2) (vec-get sa (- n 1))))))",
+            ),
+        ),
+        # (Concat axis a b)
+        OpSpec(
+            "Concat",
+            ("i64",),
+            2,
+            "layout",
+            lambda attrs, a, b: lax.concatenate([a, b], attrs[0]),
+            (
+                "(rule ((= e (Concat k0 a b)) (= sa (shape a)) (= sb (shape b)) (< k0 (vec-length sa))"
+                " (= (vec-length sa) (vec-length sb)) (= (vec-set sa k0 0) (vec-set sb k0 0)))"
+                " ((set (shape e) (vec-set sa k0 (+ (vec-get sa k0) (vec-get sb k0))))))",
+            ),
+        ),
+        # (Slice axis start stop a)
+        OpSpec(
+            "Slice",
+            ("i64", "i64", "i64"),
+            1,
+            "layout",
+            _slice,
+            (
+                "(rule ((= e (Slice k0 k1 k2 a)) (= sa (shape a)) (< k0 (vec-length sa)) (<= 0 k1) (< k1 k2)"
+                " (<= k2 (vec-get sa k0))) ((set (shape e) (vec-set sa k0 (- k2 k1)))))",
+            ),
+        ),
+    ]
+}
+
+# Ops the e-graph holds but never rewrites: a jax primitive bound with its original parameters, and the
+# projection of one result out of a multi-result primitive. Their shapes are set at encoding.
+OPAQUE_DECLS = """
+(datatype TList (TNil) (TCons Tensor TList))
+(constructor Op (i64 TList) Tensor)
+(constructor Get (Tensor i64) Tensor)
+"""
+
+CAPTURED_PRIMITIVES: dict[str, OpSpec] = {p: op for op in OPS.values() for p in op.primitives}
+
+
+@lru_cache(maxsize=65536)
+def infer(op: str, attrs: tuple, in_avals: tuple[tuple[Shape, str], ...]) -> tuple[Shape, str] | None:
+    """Shape and dtype of an op applied to inputs of these shapes, by tracing its lowering; None if ill-typed."""
+    spec = OPS[op]
+    args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in in_avals]
+    try:
+        out = jax.eval_shape(lambda *xs: spec.lower(attrs, *xs), *args)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return tuple(out.shape), out.dtype.name

@@ -1,0 +1,161 @@
+"""Saturation: build the e-graph, run the rules under limits, and take a snapshot of the result.
+
+egglog has no node or time limit inside an iteration, so we run one rewrite step at a time (analyses
+saturated first, rewrites under a persistent back-off scheduler) and check the limits between steps.
+"""
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import egglog.bindings as egg
+
+from eqsat.encode import ANALYSIS, encode, prelude
+from eqsat.errors import ShapeConflictError
+from eqsat.ir import Graph
+from eqsat.rules import RuleSource, describe
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on saturation; when one stops it, the best plan so far is used and the plan says which."""
+
+    iterations: int = 12
+    nodes: int = 50_000
+    seconds: float = 10.0
+
+
+@dataclass
+class ENode:
+    op: str
+    eclass: str
+    children: tuple[str, ...]  # e-classes of the tensor / list arguments
+    attrs: tuple[int | str, ...]  # literal i64 / String arguments, in order
+
+
+@dataclass
+class Snapshot:
+    """The saturated e-graph as plain data: what extraction reads."""
+
+    nodes: list[ENode]
+    shape: dict[str, tuple[int, ...]]
+    dtype: dict[str, str]
+    orig: dict[int, str]  # graph node index -> e-class
+    stop_reason: str  # "saturated" | "iterations" | "nodes" | "seconds"
+    iterations: int
+    seconds: float
+    rule_matches: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len({n.eclass for n in self.nodes})
+
+
+_STEP = f"(run-schedule (seq (saturate (run {ANALYSIS})) (run-with eqsat_backoff)))"
+_ANALYSE = f"(run-schedule (saturate (run {ANALYSIS})))"
+_NOT_NODES = {"shape", "dtype", "Orig"}
+
+
+def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
+    start = time.perf_counter()
+    egraph, rule_commands = _build(graph, rules)
+    step = egraph.parse_program(_STEP)
+    stop_reason, iterations, matches = "iterations", 0, {}
+    while iterations < limits.iterations:
+        try:
+            report = egraph.run_program(*step)[0].report
+        except egg.EggSmolError as error:
+            raise _explain_conflict(error, graph, rules, rule_commands, iterations + 1) from None
+        iterations += 1
+        for rule, count in report.num_matches_per_rule.items():
+            if not rule.startswith(f"{ANALYSIS}:"):
+                matches[rule] = matches.get(rule, 0) + count
+        if not report.updated:
+            stop_reason = "saturated"
+            break
+        if _size(egraph) >= limits.nodes:
+            stop_reason = "nodes"
+            break
+        if time.perf_counter() - start >= limits.seconds:
+            stop_reason = "seconds"
+            break
+    try:
+        egraph.run_program(*egraph.parse_program(_ANALYSE))
+    except egg.EggSmolError as error:
+        raise _explain_conflict(error, graph, rules, rule_commands, iterations) from None
+    snapshot = _snapshot(egraph)
+    snapshot.stop_reason, snapshot.iterations = stop_reason, iterations
+    snapshot.seconds, snapshot.rule_matches = time.perf_counter() - start, matches
+    return snapshot
+
+
+def _build(graph: Graph, rules: list[RuleSource]) -> tuple[egg.EGraph, list[tuple[RuleSource, object]]]:
+    egraph = egg.EGraph()
+    egraph.run_program(*egraph.parse_program(prelude()))
+    rule_commands = []
+    for src in rules:
+        for command in egraph.parse_program(src.text, filename=src.origin):
+            rule_commands.append((src, command))
+            egraph.run_program(command)
+    egraph.run_program(*egraph.parse_program("(let-scheduler eqsat_backoff (back-off))"))
+    egraph.run_program(*egraph.parse_program(encode(graph)))
+    return egraph, rule_commands
+
+
+def _size(egraph: egg.EGraph) -> int:
+    sizes = egraph.run_program(*egraph.parse_program("(print-size)"))[0]
+    return sum(count for name, count in sizes.sizes if name not in _NOT_NODES)
+
+
+def _explain_conflict(
+    error: Exception, graph: Graph, rules: list[RuleSource], commands: list, iterations: int
+) -> Exception:
+    """Replay each rule alone to find one whose rewrite equates tensors of different shape or dtype."""
+    text = " ".join(str(error).split())
+    if "Illegal merge" not in text:
+        return error
+    for _src, command in commands:
+        egraph, _ = _build(graph, [])
+        egraph.run_program(command)
+        step = egraph.parse_program(_STEP)
+        try:
+            for _ in range(max(iterations, 1)):
+                egraph.run_program(*step)
+        except egg.EggSmolError:
+            return ShapeConflictError(
+                f"{describe(command)}: this rule equates tensors of different shapes or dtypes ({text}); "
+                "add a shape guard such as (= (shape a) (shape b)) to its left-hand side"
+            )
+    return ShapeConflictError(f"rewrites equated tensors of different shapes or dtypes: {text}")
+
+
+def _snapshot(egraph: egg.EGraph) -> Snapshot:
+    data = json.loads(egraph.serialize([]).to_json())
+    raw = data["nodes"]
+    literal: dict[str, int | str] = {}
+    for node_id, node in raw.items():
+        if node_id.startswith("primitive-") and not node["children"]:
+            literal[node_id] = json.loads(node["op"]) if node["op"].startswith('"') else _int(node["op"])
+    class_node = {node["eclass"]: node_id for node_id, node in raw.items() if node_id.startswith("primitive-")}
+    nodes, shape, dtype, orig = [], {}, {}, {}
+    for node_id, node in raw.items():
+        op, children = node["op"], node["children"]
+        if op == "shape":
+            dims = raw[class_node[node["eclass"]]]["children"]
+            shape[raw[children[0]]["eclass"]] = tuple(int(literal[d]) for d in dims)
+        elif op == "dtype":
+            dtype[raw[children[0]]["eclass"]] = str(literal[class_node[node["eclass"]]])
+        elif op == "Orig":
+            orig[int(literal[children[0]])] = raw[children[1]]["eclass"]
+        elif not node_id.startswith("primitive-"):
+            attrs = tuple(literal[c] for c in children if c in literal)
+            kids = tuple(raw[c]["eclass"] for c in children if c not in literal)
+            nodes.append(ENode(op, node["eclass"], kids, attrs))
+    return Snapshot(nodes, shape, dtype, orig, "", 0, 0.0)
+
+
+def _int(text: str) -> int | str:
+    try:
+        return int(text)
+    except ValueError:
+        return text

@@ -1,0 +1,1 @@
+"""Extraction: the hardware cost model, device profiles and DAG-aware extractors that pick a plan."""

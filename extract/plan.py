@@ -1,0 +1,209 @@
+"""Plans: the program extracted from a saturated e-graph, with its predicted cost and how it came about."""
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from eqsat.ir import Graph, Shape
+from eqsat.ops import OPS, infer
+from eqsat.saturate import ENode, Snapshot
+from extract.cost import Cost, Profile, node_cost
+from extract.greedy import greedy_dag
+
+_STRUCTURAL = {"TCons", "TNil", "Get", "Var"}  # carry no cost and need no shape check
+
+
+@dataclass
+class PlanNode:
+    op: str  # OPS name, or "Op" (opaque primitive) / "Get" / "Var"
+    inputs: tuple[int, ...]  # indices of earlier plan nodes
+    attrs: tuple[Any, ...]
+    shape: Shape | None
+    dtype: str | None
+    cost: Cost
+    rewritten: bool  # not a node of the original program
+
+
+@dataclass
+class Plan:
+    target: str
+    nodes: list[PlanNode]
+    outputs: list[int]
+    effects: list[int]
+    predicted: Cost
+    original: Cost
+    stop_reason: str
+    stats: dict[str, float] = field(default_factory=dict)
+    rules_fired: dict[str, int] = field(default_factory=dict)
+    graph: Graph | None = field(default=None, repr=False, compare=False)  # opaque calls and constants
+    fallback: str | None = None  # why the original program runs instead, if it does
+
+    @property
+    def predicted_speedup(self) -> float:
+        return self.original.seconds / self.predicted.seconds if self.predicted.seconds else 1.0
+
+    def rewritten_ops(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for node in self.nodes:
+            if node.rewritten:
+                counts[node.op] = counts.get(node.op, 0) + 1
+        return counts
+
+    def rules_involved(self) -> list[str]:
+        """Fired rules whose text mentions an op the plan rewrote: the suspects when a plan is wrong."""
+        ops = set(self.rewritten_ops())
+        return sorted(rule for rule in self.rules_fired if any(f"({op} " in rule or op in rule for op in ops))
+
+    def summary(self) -> str:
+        lines = [
+            f"plan for target {self.target!r}: {len(self.nodes)} nodes, "
+            f"{sum(n.rewritten for n in self.nodes)} rewritten",
+            f"  predicted time   {self.original.seconds * 1e3:9.3f} ms -> {self.predicted.seconds * 1e3:9.3f} ms"
+            f"  ({self.predicted_speedup:.2f}x)",
+            f"  flops            {self.original.flops:9.3g} -> {self.predicted.flops:9.3g}",
+            f"  bytes moved      {self.original.bytes:9.3g} -> {self.predicted.bytes:9.3g}",
+            f"  kernels          {self.original.kernels:9d} -> {self.predicted.kernels:9d}",
+            f"  saturation       stopped by {self.stop_reason} after {int(self.stats.get('iterations', 0))} "
+            f"iterations, {int(self.stats.get('enodes', 0))} e-nodes, {int(self.stats.get('eclasses', 0))} e-classes",
+            "  time             "
+            + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in self.stats.items() if k.endswith("_s")),
+        ]
+        if self.rules_fired:
+            fired = ", ".join(f"{name} x{count}" for name, count in sorted(self.rules_fired.items()))
+            lines.append(f"  rules fired      {fired}")
+        if self.rewritten_ops():
+            lines.append(f"  rewritten ops    {self.rewritten_ops()}")
+        if self.fallback:
+            lines.append(f"  FALLBACK         {self.fallback}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def build_plan(graph: Graph, snapshot: Snapshot, profile: Profile) -> Plan:
+    """Extract the cheapest well-typed program; nodes whose lowering does not type-check are banned."""
+    nodes = snapshot.nodes
+    costs = [_cost(node, snapshot, profile) for node in nodes]
+    roots = [snapshot.orig[i] for i in graph.roots()]
+    for _ in range(20):
+        choice = greedy_dag(nodes, costs)
+        missing = [r for r in roots if r not in choice]
+        if missing:
+            raise RuntimeError(f"extraction found no well-typed program for e-classes {missing}")
+        order = _topological(nodes, choice, roots)
+        banned = [i for i in order if not _typechecks(nodes[i], snapshot)]
+        if not banned:
+            break
+        for i in banned:
+            costs[i] = math.inf
+    else:
+        raise RuntimeError("extraction kept choosing ill-typed nodes")
+    return _assemble(graph, snapshot, profile, nodes, costs, choice, order, roots)
+
+
+def original_cost(graph: Graph, profile: Profile) -> Cost:
+    total = Cost()
+    for node in graph.nodes:
+        in_shapes = [graph.nodes[i].shape for i in node.inputs]
+        total += node_cost(node.op, in_shapes, node.shape, node.dtype, profile)
+    return total
+
+
+def _cost(node: ENode, snapshot: Snapshot, profile: Profile) -> float:
+    if node.op in _STRUCTURAL:
+        return 0.0
+    if node.op == "Op":
+        return node_cost("Op", [], snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass), profile).seconds
+    in_shapes = [snapshot.shape.get(c) for c in node.children]
+    out_shape = snapshot.shape.get(node.eclass)
+    if out_shape is None or any(s is None for s in in_shapes):
+        return math.inf
+    return node_cost(node.op, in_shapes, out_shape, snapshot.dtype.get(node.eclass), profile).seconds
+
+
+def _typechecks(node: ENode, snapshot: Snapshot) -> bool:
+    if node.op not in OPS or node.op == "Var":
+        return True
+    avals = tuple((snapshot.shape[c], snapshot.dtype[c]) for c in node.children)
+    return infer(node.op, tuple(node.attrs), avals) == (
+        snapshot.shape[node.eclass],
+        snapshot.dtype[node.eclass],
+    )
+
+
+def _topological(nodes: list[ENode], choice: dict[str, int], roots: list[str]) -> list[int]:
+    order: list[int] = []
+    seen: set[str] = set()
+    stack: list[tuple[str, bool]] = [(r, False) for r in reversed(roots)]
+    while stack:
+        eclass, expanded = stack.pop()
+        if expanded:
+            order.append(choice[eclass])
+            continue
+        if eclass in seen:
+            continue
+        seen.add(eclass)
+        stack.append((eclass, True))
+        stack.extend((c, False) for c in reversed(nodes[choice[eclass]].children) if c not in seen)
+    return order
+
+
+def _assemble(
+    graph: Graph,
+    snapshot: Snapshot,
+    profile: Profile,
+    nodes: list[ENode],
+    costs: list[float],
+    choice: dict[str, int],
+    order: list[int],
+    roots: list[str],
+) -> Plan:
+    kept = _original_keys(graph, snapshot)
+    index: dict[str, int] = {}  # e-class -> plan node
+    lists: dict[str, tuple[int, ...]] = {}  # TList e-class -> plan nodes
+    plan_nodes: list[PlanNode] = []
+    for i in order:
+        node = nodes[i]
+        if node.op == "TNil":
+            lists[node.eclass] = ()
+            continue
+        if node.op == "TCons":
+            lists[node.eclass] = (index[node.children[0]], *lists[node.children[1]])
+            continue
+        inputs = lists[node.children[0]] if node.op == "Op" else tuple(index[c] for c in node.children)
+        shape, dtype = snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass)
+        in_shapes = [plan_nodes[j].shape for j in inputs]
+        cost = Cost() if node.op in _STRUCTURAL else node_cost(node.op, in_shapes, shape, dtype, profile)
+        key = (node.eclass, node.op, tuple(node.attrs), () if node.op == "Op" else node.children)
+        rewritten = key not in kept
+        plan_nodes.append(PlanNode(node.op, inputs, tuple(node.attrs), shape, dtype, cost, rewritten))
+        index[node.eclass] = len(plan_nodes) - 1
+    predicted = Cost()
+    for n in plan_nodes:
+        predicted += n.cost
+    return Plan(
+        target=profile.name,
+        nodes=plan_nodes,
+        outputs=[index[snapshot.orig[i]] for i in graph.outputs],
+        effects=[index[snapshot.orig[i]] for i in graph.effects],
+        predicted=predicted,
+        original=original_cost(graph, profile),
+        stop_reason=snapshot.stop_reason,
+        stats={
+            "iterations": snapshot.iterations,
+            "enodes": len(nodes),
+            "eclasses": snapshot.num_classes,
+        },
+        rules_fired={name: count for name, count in snapshot.rule_matches.items() if count},
+        graph=graph,
+    )
+
+
+def _original_keys(graph: Graph, snapshot: Snapshot) -> set[tuple]:
+    """(e-class, op, attrs, input e-classes) of every original node, to tell rewritten plan nodes apart."""
+    keys = set()
+    for i, n in enumerate(graph.nodes):
+        inputs = () if n.op == "Op" else tuple(snapshot.orig[j] for j in n.inputs)
+        keys.add((snapshot.orig.get(i), n.op, tuple(n.attrs), inputs))
+    return keys

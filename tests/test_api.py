@@ -1,0 +1,151 @@
+"""optimize() end to end: results, plans, composition with jax transforms, caching, limits and fallbacks."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqsat
+from benches.examples import EXAMPLES
+
+
+def _close(a, b, rtol=2e-3):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=rtol * float(np.max(np.abs(y))))
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_examples_rewrite_and_match(name):
+    work = EXAMPLES[name]("small")
+    fast = eqsat.optimize(work.fn)
+    _close(fast(*work.args), work.fn(*work.args))
+    plan = fast.plan(*work.args)
+    assert plan.fallback is None
+    assert plan.rewritten_ops().get("Dot", 0) >= 1
+    assert plan.predicted_speedup > 1.2
+
+
+def test_matmul_chain_is_reassociated():
+    work = EXAMPLES["matmul_chain"]("full")
+    plan = eqsat.optimize(work.fn).plan(*work.args)
+    assert plan.predicted.flops < plan.original.flops / 20
+    assert {"dot-assoc-right", "dot-assoc-left"} & set(plan.rules_fired)
+
+
+def test_pytrees_static_args_and_decorator():
+    @eqsat.optimize(static_argnums=2)
+    def f(params, x, activation):
+        h = x @ params["w1"] + x @ params["w2"]
+        return {"out": jnp.tanh(h) if activation == "tanh" else h, "aux": (h.sum(), x)}
+
+    key = jax.random.PRNGKey(0)
+    params = {"w1": jax.random.normal(key, (8, 8)), "w2": jnp.ones((8, 8))}
+    x = jax.random.normal(key, (4, 8))
+    for act in ("tanh", "none"):
+        _close(f(params, x, act), f.__wrapped__(params, x, act))
+    assert len(f._cache) == 2
+
+
+def test_new_shape_reoptimizes_and_cache_hits():
+    fast = eqsat.optimize(lambda a, b: jnp.sum(a @ b))
+    fast(jnp.ones((3, 4)), jnp.ones((4, 5)))
+    fast(jnp.ones((3, 4)), jnp.ones((4, 5)))
+    assert len(fast._cache) == 1
+    fast(jnp.ones((2, 4)), jnp.ones((4, 5)))
+    assert len(fast._cache) == 2
+
+
+def test_grad_and_vmap_compose():
+    def loss(w1, w2, x):
+        return jnp.sum(jnp.tanh(x @ w1 + x @ w2) ** 2)
+
+    fast = eqsat.optimize(loss)
+    key = jax.random.PRNGKey(1)
+    w1, w2, x = (jax.random.normal(k, s) for k, s in zip(jax.random.split(key, 3), [(6, 6), (6, 6), (5, 6)], strict=True))
+    _close(jax.grad(fast, argnums=(0, 1))(w1, w2, x), jax.grad(loss, argnums=(0, 1))(w1, w2, x))
+    xs = jax.random.normal(key, (3, 5, 6))
+    _close(
+        jax.vmap(fast, in_axes=(None, None, 0))(w1, w2, xs),
+        jax.vmap(loss, in_axes=(None, None, 0))(w1, w2, xs),
+    )
+    _close(jax.jit(fast)(w1, w2, x), loss(w1, w2, x))
+
+
+def test_unmodeled_primitives_pass_through():
+    def f(x, idx, key):
+        g = x[idx]  # gather
+        s = jax.lax.scan(lambda c, r: (c + r, c * r), jnp.zeros(x.shape[1]), x)[1]
+        c = jax.lax.cond(x.sum() > 0, jnp.sin, jnp.cos, x)
+        noise = jax.random.normal(key, x.shape)
+        parts = jnp.split(x, 2, axis=1)
+        return g, s, c + noise, parts[0] * parts[1], jnp.argmax(x, axis=0), jax.nn.softmax(x @ x.T)
+
+    x = jax.random.normal(jax.random.PRNGKey(2), (6, 4))
+    args = (x, jnp.array([0, 3, 5]), jax.random.PRNGKey(3))
+    fast = eqsat.optimize(f)
+    _close(fast(*args), f(*args))
+    assert fast.plan(*args).fallback is None
+
+
+def test_nested_jit_and_custom_jvp_are_inlined():
+    inner = jax.jit(lambda a, b: a @ b)
+
+    def f(a, b, v):
+        return jax.nn.relu(inner(inner(a, b), v))
+
+    k = jax.random.split(jax.random.PRNGKey(4), 3)
+    args = (
+        jax.random.normal(k[0], (32, 32)),
+        jax.random.normal(k[1], (32, 32)),
+        jax.random.normal(k[2], (32, 2)),
+    )
+    fast = eqsat.optimize(f)
+    _close(fast(*args), f(*args))
+    plan = fast.plan(*args)
+    assert plan.rewritten_ops().get("Dot") == 2  # re-associated across the nested jit boundary
+    assert not any(n.op == "Op" and "jit" in str(plan.graph.opaque[n.attrs[0]].primitive) for n in plan.nodes)
+
+
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [
+        (eqsat.Limits(iterations=1), "iterations"),
+        (eqsat.Limits(nodes=1), "nodes"),
+        (eqsat.Limits(seconds=0.0), "seconds"),
+    ],
+)
+def test_limits_stop_saturation_and_say_so(limits, reason):
+    def f(a, b, c, d, v):
+        return (((a @ b) @ c) @ d) @ v + (a @ v) + (b @ v)
+
+    args = [jnp.eye(16) * (i + 1) for i in range(4)] + [jnp.ones((16, 3))]
+    fast = eqsat.optimize(f, limits=limits)
+    _close(fast(*args), f(*args))
+    assert fast.plan(*args).stop_reason == reason
+
+
+def test_unsound_rule_falls_back_with_warning():
+    fast = eqsat.optimize(lambda a, b: jnp.tanh(a + b), rules=['(rewrite (Tanh x) x :name "wrong")'])
+    a, b = jnp.ones((4, 4)), jnp.full((4, 4), 2.0)
+    with pytest.warns(eqsat.EqsatWarning, match="wrong"):
+        out = fast(a, b)
+    _close(out, jnp.tanh(a + b))
+    assert "differed" in fast.plan(a, b).fallback
+
+
+def test_validate_false_skips_the_check():
+    fast = eqsat.optimize(lambda a, b: jnp.tanh(a + b), rules=["(rewrite (Tanh x) x)"], validate=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = fast(jnp.ones(3), jnp.ones(3))
+    assert np.allclose(out, 2.0)  # the unsound rule ran unchecked, as asked
+
+
+@pytest.mark.parametrize("target", ["cpu", "a100", "h100", "h200", "tpu-v5e"])
+def test_targets_plan_and_run_here(target):
+    work = EXAMPLES["distributivity"]("small")
+    fast = eqsat.optimize(work.fn, target=target)
+    _close(fast(*work.args), work.fn(*work.args))
+    assert fast.plan(*work.args).target == target

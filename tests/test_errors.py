@@ -1,0 +1,56 @@
+"""Bad input gets one clear paragraph that says what was wrong and where."""
+
+import jax.numpy as jnp
+import pytest
+
+import eqsat
+
+
+def test_non_callable():
+    with pytest.raises(TypeError, match="expects a callable"):
+        eqsat.optimize(42)
+
+
+def test_untraceable_function():
+    def branchy(x):
+        if x.sum() > 0:  # Python control flow on a traced value
+            return x
+        return -x
+
+    with pytest.raises(eqsat.CaptureError, match=r"could not trace branchy.*static_argnums"):
+        eqsat.optimize(branchy)(jnp.ones(3))
+
+
+def test_non_array_argument():
+    with pytest.raises(eqsat.CaptureError, match="not an array"):
+        eqsat.optimize(lambda x: x)("text")
+
+
+def test_malformed_rule_file_names_file_and_line(tmp_path):
+    path = tmp_path / "mine.egg"
+    path.write_text("; my rules\n(rewrite (Add a b) (Add b a))\n(rewrite (Add a b)\n  (Frobnicate a b))\n")
+    with pytest.raises(eqsat.RuleError, match=r"mine\.egg:4:3: invalid rule: .*Unbound function Frobnicate"):
+        eqsat.optimize(lambda x: x, rules=[path])
+
+
+def test_unbalanced_rule_string():
+    with pytest.raises(eqsat.RuleError, match=r"<rules string 1>:1:\d+: invalid rule: .*parse error"):
+        eqsat.optimize(lambda x: x, rules=["(rewrite (Add a b) (Add b a)"])
+
+
+def test_missing_rule_file_and_unknown_group():
+    with pytest.raises(eqsat.RuleError, match="does not exist"):
+        eqsat.optimize(lambda x: x, rules=["no/such/file.egg"])
+    with pytest.raises(eqsat.RuleError, match="unknown rule group"):
+        eqsat.optimize(lambda x: x, disabled_rules=["nope"])
+
+
+def test_unknown_target():
+    with pytest.raises(ValueError, match="unknown target 'tpu9'"):
+        eqsat.optimize(lambda x: x, target="tpu9")
+
+
+def test_shape_conflict_names_the_rule():
+    fast = eqsat.optimize(lambda a, b: a @ b, rules=['(rewrite (Dot a b) a :name "collapse")'])
+    with pytest.raises(eqsat.ShapeConflictError, match=r"<rules string 1>:1:\d+: \(rewrite \(Dot a b\) a"):
+        fast(jnp.ones((2, 3)), jnp.ones((3, 4)))
