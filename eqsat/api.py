@@ -118,10 +118,13 @@ class Optimized:
         t2 = time.perf_counter()
         plan = build_plan(graph, snapshot, self.profile)
         t3 = time.perf_counter()
-        optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
         plan.stats.update(capture_s=t1 - t0, saturate_s=t2 - t1, extract_s=t3 - t2)
         log.info("eqsat: %s\n%s", name, plan.summary())
-        return _Entry(plan, optimized, jax.jit(flat_fun), out_tree(), validated=not self.validate)
+        original = jax.jit(flat_fun)
+        if plan.unchanged:  # nothing to gain: run the original program exactly as jax.jit would
+            return _Entry(plan, original, original, out_tree(), validated=True)
+        optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
+        return _Entry(plan, optimized, original, out_tree(), validated=not self.validate)
 
     def _validate(self, entry: _Entry, flat: list[Any]) -> None:
         """Compare with the original on these arguments (or random ones while tracing); fall back on mismatch."""

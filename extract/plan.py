@@ -49,6 +49,11 @@ class Plan:
                 counts[node.op] = counts.get(node.op, 0) + 1
         return counts
 
+    @property
+    def unchanged(self) -> bool:
+        """The plan is the original program, node for node."""
+        return not self.rewritten_ops() and len(self.nodes) == self.stats.get("original_nodes")
+
     def rules_involved(self) -> list[str]:
         """Fired rules whose text mentions an op the plan rewrote: the suspects when a plan is wrong."""
         ops = set(self.rewritten_ops())
@@ -191,6 +196,7 @@ def _assemble(
         original=original_cost(graph, profile),
         stop_reason=snapshot.stop_reason,
         stats={
+            "original_nodes": len(_reachable(graph)),
             "iterations": snapshot.iterations,
             "enodes": len(nodes),
             "eclasses": snapshot.num_classes,
@@ -198,6 +204,17 @@ def _assemble(
         rules_fired={name: count for name, count in snapshot.rule_matches.items() if count},
         graph=graph,
     )
+
+
+def _reachable(graph: Graph) -> set[int]:
+    seen: set[int] = set()
+    stack = graph.roots()
+    while stack:
+        i = stack.pop()
+        if i not in seen:
+            seen.add(i)
+            stack.extend(graph.nodes[i].inputs)
+    return seen
 
 
 def _original_keys(graph: Graph, snapshot: Snapshot) -> set[tuple]:

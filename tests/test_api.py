@@ -63,7 +63,8 @@ def test_grad_and_vmap_compose():
 
     fast = eqsat.optimize(loss)
     key = jax.random.PRNGKey(1)
-    w1, w2, x = (jax.random.normal(k, s) for k, s in zip(jax.random.split(key, 3), [(6, 6), (6, 6), (5, 6)], strict=True))
+    shapes = [(6, 6), (6, 6), (5, 6)]
+    w1, w2, x = (jax.random.normal(k, s) for k, s in zip(jax.random.split(key, 3), shapes, strict=True))
     _close(jax.grad(fast, argnums=(0, 1))(w1, w2, x), jax.grad(loss, argnums=(0, 1))(w1, w2, x))
     xs = jax.random.normal(key, (3, 5, 6))
     _close(

@@ -1,0 +1,77 @@
+"""The benchmark models in ``benches/models`` build, jit, run and give finite outputs."""
+
+import jax
+import numpy as np
+import pytest
+
+from benches.models.registry import MODELS
+from benches.workload import Workload
+
+# Output shapes at scale="small" (train_step is checked separately).
+SMALL_OUT = {
+    "bert": (8, 32),
+    "nasrnn": (1, 16),
+    "resnext50": (1, 10),
+    "nasnet_a": (1, 1, 1, 320),
+    "inception_v3": (1, 10),
+    "squeezenet": (1, 10),
+    "vgg19": (1, 10),
+    "decoder_block": (8, 32),
+}
+
+FULL_OUT = {
+    "bert": (64, 1024),
+    "nasrnn": (1, 512),
+    "resnext50": (1, 1000),
+    "nasnet_a": (1, 7, 7, 5120),
+    "inception_v3": (1, 1000),
+    "squeezenet": (1, 1000),
+    "vgg19": (1, 1000),
+    "decoder_block": (128, 1024),
+}
+
+
+def _finite(tree) -> bool:
+    return all(bool(np.isfinite(np.asarray(leaf)).all()) for leaf in jax.tree.leaves(tree))
+
+
+def test_registry_names():
+    assert set(MODELS) == {*SMALL_OUT, "train_step"}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_OUT))
+def test_small_model_runs(name: str):
+    w = MODELS[name]("small")
+    assert isinstance(w, Workload) and w.params_argnums == (0,)
+    out = jax.jit(w.fn)(*w.args)
+    assert out.shape == SMALL_OUT[name]
+    assert out.dtype == np.float32
+    assert _finite(out)
+
+
+def test_small_train_step():
+    w = MODELS["train_step"]("small")
+    params = w.args[0]
+    loss, grads = jax.jit(w.fn)(*w.args)
+    assert loss.shape == () and _finite(loss) and float(loss) > 0.0
+    assert jax.tree.structure(grads) == jax.tree.structure(params)
+    assert all(g.shape == p.shape for g, p in zip(jax.tree.leaves(grads), jax.tree.leaves(params), strict=True))
+    assert _finite(grads)
+
+
+def test_bad_scale():
+    with pytest.raises(ValueError):
+        MODELS["bert"]("huge")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_full_model_traces(name: str):
+    w = MODELS[name]("full")
+    out = jax.eval_shape(w.fn, *w.args)
+    if name == "train_step":
+        loss, grads = out
+        assert loss.shape == ()
+        assert jax.tree.structure(grads) == jax.tree.structure(w.args[0])
+    else:
+        assert out.shape == FULL_OUT[name]
