@@ -1,6 +1,6 @@
 """Lowering: a plan becomes a JAX function of the flat arguments, one dispatch per node."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -9,30 +9,56 @@ from eqsat.ops import OPS
 from extract.plan import Plan
 
 
-def lower(plan: Plan) -> Callable[..., list[Any]]:
-    """A function of the flat arguments returning the flat results, built from lax ops and opaque primitives.
+def lower(plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int] = ()) -> Callable[..., list[Any]]:
+    """fn(*flat_args, *given_values) -> the values of `outputs` (default: the plan's results).
 
-    Every plan node runs, so effectful opaque calls happen even when no result uses them.
+    Nodes listed in `given` are read from the trailing arguments instead of computed (prepared weights);
+    only the nodes the outputs need run, plus effectful ones when computing the plan's results.
     """
     graph = plan.graph
     assert graph is not None, "a plan loaded from disk has no program to lower"
+    wanted = list(plan.outputs) if outputs is None else list(outputs)
+    needed = _needed(plan, [*wanted, *(plan.effects if outputs is None else [])], set(given))
     input_names = {graph.nodes[i].attrs[0]: k for k, i in enumerate(graph.inputs)}
     consts = {name: jnp.asarray(value) for name, value in graph.consts.items()}
+    n_args = len(graph.inputs)
 
     def run(*args: Any) -> list[Any]:
-        values: list[Any] = []
-        for node in plan.nodes:
-            ins = [values[i] for i in node.inputs]
+        values: dict[int, Any] = dict(zip(given, args[n_args:], strict=True))
+        for i in needed:
+            node = plan.nodes[i]
+            ins = [values[j] for j in node.inputs]
             if node.op == "Var":
                 name = node.attrs[0]
-                values.append(args[input_names[name]] if name in input_names else consts[name])
+                values[i] = args[input_names[name]] if name in input_names else consts[name]
             elif node.op == "Op":
                 call = graph.opaque[node.attrs[0]]
-                values.append(call.primitive.bind(*ins, **call.params))
+                values[i] = call.primitive.bind(*ins, **call.params)
             elif node.op == "Get":
-                values.append(ins[0][node.attrs[0]])
+                values[i] = ins[0][node.attrs[0]]
             else:
-                values.append(OPS[node.op].lower(node.attrs, *ins))
-        return [values[i] for i in plan.outputs]
+                values[i] = OPS[node.op].lower(node.attrs, *ins)
+        return [values[i] for i in wanted]
 
     return run
+
+
+def _needed(plan: Plan, roots: list[int], given: set[int]) -> list[int]:
+    """The plan nodes the roots depend on, stopping at given ones, in plan (topological) order."""
+    seen: set[int] = set()
+    stack = [r for r in roots if r not in given]
+    while stack:
+        i = stack.pop()
+        if i not in seen:
+            seen.add(i)
+            stack.extend(j for j in plan.nodes[i].inputs if j not in given)
+    return sorted(seen)
+
+
+def weight_boundary(plan: Plan) -> list[int]:
+    """Weight nodes that a non-weight node or a result reads: what `prepare` computes once and keeps."""
+    boundary = {i for i in plan.outputs if plan.nodes[i].weight}
+    for node in plan.nodes:
+        if not node.weight:
+            boundary.update(j for j in node.inputs if plan.nodes[j].weight)
+    return sorted(i for i in boundary if plan.nodes[i].op != "Var")  # Vars are at hand anyway

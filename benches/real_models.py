@@ -30,12 +30,13 @@ def _token_ids(batch: int, seq: int, vocab: int) -> jax.Array:
 
 
 def _init_scope() -> contextlib.AbstractContextManager[None]:
-    """Context for building random weights: non-partitionable threefry compiles several times faster on CPU,
-    and libraries that draw each weight eagerly compile one sampler per distinct shape."""
+    """Scope for drawing random weights: libraries draw each weight eagerly, compiling one sampler per
+    shape, and non-partitionable threefry compiles several times faster on CPU."""
     return jax.threefry_partitionable(False)
 
 
 def _workload(name: str, fn: Callable[[Any, jax.Array], Any], params: Any, x: jax.Array, note: str) -> Workload:
+    """``fn(params, x)`` with the weights as argument 0."""
     return Workload(name=name, fn=fn, args=(params, x), params_argnums=(0,), note=note)
 
 
@@ -76,20 +77,19 @@ def keras_mobilenetv2() -> Workload:
 # --- Hugging Face transformers (Flax) ----------------------------------------------------------------
 
 
-def _hf_flax(name: str, model_cls: str, config_cls: str, seq: int = 128, **config: Any) -> Workload:
+def _hf_flax(name: str, model_cls: str, config_cls: str, seq: int = 128) -> Workload:
     """A transformers Flax model built from a config (random init), last hidden state, batch 1."""
     import transformers
 
-    cfg = getattr(transformers, config_cls)(**config)
-    model = getattr(transformers, model_cls)(cfg, input_shape=(1, seq), seed=SEED, _do_init=False)
+    cfg = getattr(transformers, config_cls)()
     with _init_scope():
-        params = jax.jit(model.init_weights, static_argnums=1)(model.key, (1, seq))
+        model = getattr(transformers, model_cls)(cfg, input_shape=(1, seq), seed=SEED)
 
     def fn(params: Any, input_ids: jax.Array) -> jax.Array:
         return model(input_ids, params=params, train=False).last_hidden_state
 
     ids = _token_ids(1, seq, cfg.vocab_size)
-    return _workload(name, fn, params, ids, f"transformers.{model_cls} seq {seq}")
+    return _workload(name, fn, model.params, ids, f"transformers.{model_cls} seq {seq}")
 
 
 def flax_bert() -> Workload:
@@ -112,7 +112,7 @@ def _haiku(name: str, forward: Callable[[jax.Array, bool], jax.Array], x: jax.Ar
 
     net = hk.without_apply_rng(hk.transform_with_state(forward))
     with _init_scope():
-        params = jax.jit(net.init, static_argnums=2)(jax.random.key(SEED), x, True)
+        params = net.init(jax.random.key(SEED), x, True)
 
     def fn(params: Any, x: jax.Array) -> jax.Array:
         return net.apply(*params, x, False)[0]

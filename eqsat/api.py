@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from backends.lower import lower
+from backends.lower import lower, weight_boundary
 from eqsat import rules as rule_sources
 from eqsat.capture import capture
 from eqsat.errors import CaptureError
@@ -32,6 +32,17 @@ class EqsatWarning(UserWarning):
 
 # relative tolerance per dtype kind: float32 re-association changes rounding by about this much
 _RTOL = {"float64": 1e-7, "float32": 2e-3, "float16": 5e-2, "bfloat16": 5e-2}
+
+
+class _Dispatch:
+    """jax.jit's fast path over a tracing body; reset() starts a fresh trace cache (after a fallback)."""
+
+    def __init__(self, body: Callable[..., Any], static_argnums: tuple[int, ...] = ()) -> None:
+        self.body, self.static_argnums = body, static_argnums
+        self.reset()
+
+    def reset(self) -> None:
+        self.run = jax.jit(lambda *args: self.body(*args), static_argnums=self.static_argnums)
 
 
 @dataclass
@@ -54,6 +65,7 @@ class Optimized:
         rules: Sequence[str | Path] | str | Path | None,
         disabled_rules: tuple[str, ...],
         static_argnums: tuple[int, ...],
+        params_argnums: tuple[int, ...],
         validate: bool,
         limits: Limits | None,
     ) -> None:
@@ -61,17 +73,71 @@ class Optimized:
         self.profile = load_profile(target)
         self.rules = rule_sources.collect(rules, disabled_rules)
         self.static_argnums = tuple(static_argnums)
+        self.params_argnums = tuple(params_argnums)
+        if set(self.params_argnums) & set(self.static_argnums):
+            raise ValueError(f"an argument cannot be both static and a parameter: {self.params_argnums}")
         self.validate = validate
         self.limits = limits or Limits()
         self._cache: dict[Any, _Entry] = {}
+        self._unvalidated: list[_Entry] = []  # plans built since the last validation
+        self._dispatch = _Dispatch(self._traced, self.static_argnums)
         functools.update_wrapper(self, fun)
 
     def __call__(self, *args: Any) -> Any:
+        return self._checked(self._dispatch, args, args)
+
+    def prepare(self, *params: Any) -> Callable[..., Any]:
+        """A function of the remaining arguments, the parameters (params_argnums, in order) bound.
+
+        It computes the weight-only part of each plan once, as an inference engine does when it builds.
+        """
+        if len(params) != len(self.params_argnums):
+            raise TypeError(
+                f"prepare() takes the {len(self.params_argnums)} parameter argument(s) {self.params_argnums}"
+            )
+        weights: dict[Any, list[Any]] = {}
+
+        def traced(*rest: Any) -> Any:
+            args = _merge_params(self.params_argnums, params, rest)
+            flat, key = self._flatten(args)
+            entry = self._entry(args, flat, key)
+            if entry.call is entry.original:
+                return jax.tree_util.tree_unflatten(entry.out_tree, entry.original(*flat))
+            boundary = weight_boundary(entry.plan)
+            if key not in weights:  # the weight-only subgraph reads parameters alone: run it once, here
+                concrete = [x if not isinstance(x, jax.core.Tracer) else _example_like(x, 0) for x in flat]
+                weights[key] = jax.jit(lower(entry.plan, outputs=boundary))(*concrete)
+            return jax.tree_util.tree_unflatten(entry.out_tree, lower(entry.plan, given=boundary)(*flat, *weights[key]))
+
+        dispatch = _Dispatch(traced)
+
+        def prepared(*rest: Any) -> Any:
+            return self._checked(dispatch, rest, _merge_params(self.params_argnums, params, rest))
+
+        return prepared
+
+    def _traced(self, *args: Any) -> Any:
+        """The body jax.jit traces: look up (or build) the plan for these shapes and inline it."""
         flat, key = self._flatten(args)
         entry = self._entry(args, flat, key)
-        if not entry.validated:
-            self._validate(entry, flat)
         return jax.tree_util.tree_unflatten(entry.out_tree, entry.call(*flat))
+
+    def _checked(self, dispatch: "_Dispatch", call_args: tuple, full_args: tuple) -> Any:
+        """Run through jax.jit's fast dispatch; plans built during that call are validated on these arguments
+        and, on a mismatch, the dispatch is rebuilt so that it traces the original program."""
+        try:
+            out = dispatch.run(*call_args)
+        except TypeError:
+            self._flatten(full_args)  # names a non-array argument clearly, if that is what failed
+            raise
+        if not self._unvalidated:
+            return out
+        flat, _ = self._flatten(full_args)
+        pending, self._unvalidated = self._unvalidated, []
+        if any([self._validate(entry, flat) for entry in pending]):
+            dispatch.reset()
+            out = dispatch.run(*call_args)
+        return out
 
     def plan(self, *args: Any) -> Plan:
         """The plan used for arguments of these shapes and dtypes (built if needed)."""
@@ -99,6 +165,8 @@ class Optimized:
         entry = self._cache.get(key)
         if entry is None:
             entry = self._cache[key] = self._build(args, flat)
+            if not entry.validated:
+                self._unvalidated.append(entry)
         return entry
 
     def _build(self, args: tuple, flat: list[Any]) -> _Entry:
@@ -116,7 +184,7 @@ class Optimized:
         t1 = time.perf_counter()
         snapshot = saturate(graph, self.rules, self.limits)
         t2 = time.perf_counter()
-        plan = build_plan(graph, snapshot, self.profile)
+        plan = build_plan(graph, snapshot, self.profile, self._param_names(args))
         t3 = time.perf_counter()
         plan.stats.update(capture_s=t1 - t0, saturate_s=t2 - t1, extract_s=t3 - t2)
         log.info("eqsat: %s\n%s", name, plan.summary())
@@ -126,8 +194,24 @@ class Optimized:
         optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
         return _Entry(plan, optimized, original, out_tree(), validated=not self.validate)
 
-    def _validate(self, entry: _Entry, flat: list[Any]) -> None:
-        """Compare with the original on these arguments (or random ones while tracing); fall back on mismatch."""
+    def _param_names(self, args: tuple) -> frozenset[str]:
+        """The graph's Var names of the flat leaves that belong to parameter arguments."""
+        static = {i % len(args) for i in self.static_argnums}
+        params = {i % len(args) for i in self.params_argnums}
+        names, k = set(), 0
+        for i, arg in enumerate(args):
+            if i in static:
+                continue
+            n = len(jax.tree_util.tree_leaves(arg))
+            if i in params:
+                names.update(f"x{j}" for j in range(k, k + n))
+            k += n
+        return frozenset(names)
+
+    def _validate(self, entry: _Entry, flat: list[Any]) -> bool:
+        """Compare with the original on these arguments (or random ones while tracing); fall back on mismatch.
+
+        Returns whether it fell back."""
         if any(isinstance(x, jax.core.Tracer) for x in flat):
             flat = [_example_like(x, i) for i, x in enumerate(flat)]
         problem = _mismatch(entry.original(*flat), entry.call(*flat))
@@ -142,6 +226,7 @@ class Optimized:
                 stacklevel=3,
             )
             entry.call = entry.original
+        return bool(problem)
 
 
 def optimize(
@@ -151,6 +236,7 @@ def optimize(
     rules: Sequence[str | Path] | str | Path | None = None,
     disabled_rules: Sequence[str] = (),
     static_argnums: int | Sequence[int] = (),
+    params_argnums: int | Sequence[int] = (),
     validate: bool = True,
     limits: Limits | None = None,
 ) -> Any:
@@ -158,14 +244,17 @@ def optimize(
 
     target: a device profile ("cpu", "a100", "h100", "h200", "tpu-v5e"); the plan runs wherever JAX runs.
     rules: extra rule files (paths) or egglog text; disabled_rules: built-in groups to switch off by name.
-    static_argnums: as in jax.jit. validate: compare with the original on the first call of each signature
-    and fall back to it, with a warning, on a mismatch. limits: bounds on saturation (eqsat.Limits).
+    static_argnums: as in jax.jit. params_argnums: arguments that are weights, fixed across calls; work on
+    them alone (concatenating, folding) is then priced as free, and `fast.prepare(params)` does it once.
+    validate: compare with the original on the first call of each signature and fall back to it, with a
+    warning, on a mismatch. limits: bounds on saturation (eqsat.Limits).
     """
     settings = dict(
         target=target,
         rules=rules,
         disabled_rules=tuple(disabled_rules),
-        static_argnums=(static_argnums,) if isinstance(static_argnums, int) else tuple(static_argnums),
+        static_argnums=_as_tuple(static_argnums),
+        params_argnums=_as_tuple(params_argnums),
         validate=validate,
         limits=limits,
     )
@@ -176,6 +265,18 @@ def optimize(
             f"eqsat.optimize expects a callable (a function of JAX arrays), got {type(fun).__name__}: {fun!r:.80}"
         )
     return Optimized(fun, **settings)
+
+
+def _as_tuple(argnums: int | Sequence[int]) -> tuple[int, ...]:
+    return (argnums,) if isinstance(argnums, int) else tuple(argnums)
+
+
+def _merge_params(positions: tuple[int, ...], params: tuple, rest: tuple) -> tuple:
+    """The full argument tuple with the parameters at their positions and the rest in order around them."""
+    n = len(params) + len(rest)
+    given = {p % n: v for p, v in zip(positions, params, strict=True)}
+    others = iter(rest)
+    return tuple(given[i] if i in given else next(others) for i in range(n))
 
 
 def _flat_function(
@@ -205,7 +306,7 @@ def _with_original_derivatives(
 
 
 def _weak(x: Any) -> bool:
-    return bool(getattr(x, "weak_type", False)) or isinstance(x, int | float | complex)
+    return bool(getattr(getattr(x, "aval", x), "weak_type", False)) or isinstance(x, int | float | complex)
 
 
 def _example_like(x: Any, seed: int) -> np.ndarray:

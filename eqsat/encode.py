@@ -34,12 +34,12 @@ def encode(graph: Graph) -> str:
     """Each node as a let-bound term, with its shape and dtype known from capture, tagged (Orig index)."""
     lines = []
     for i, node in enumerate(graph.nodes):
-        lines.append(f"(let $n{i} {_term(graph, node)})")
+        lines.append(f"(let $eqsat_n{i} {_term(graph, node)})")
         if node.shape is not None:
             dims = " ".join(str(d) for d in node.shape)
-            lines.append(f"(set (shape $n{i}) {f'(vec-of {dims})' if dims else '(vec-empty)'})")
-            lines.append(f'(set (dtype $n{i}) "{node.dtype}")')
-        lines.append(f"(Orig {i} $n{i})")
+            lines.append(f"(set (shape $eqsat_n{i}) {f'(vec-of {dims})' if dims else '(vec-empty)'})")
+            lines.append(f'(set (dtype $eqsat_n{i}) "{node.dtype}")')
+        lines.append(f"(Orig {i} $eqsat_n{i})")
     return "\n".join(lines)
 
 
@@ -47,11 +47,11 @@ def _term(graph: Graph, node: Node) -> str:
     if node.op == "Var":
         return f'(Var "{node.attrs[0]}")'
     if node.op == "Get":
-        return f"(Get $n{node.inputs[0]} {node.attrs[0]})"
+        return f"(Get $eqsat_n{node.inputs[0]} {node.attrs[0]})"
     if node.op == "Op":
         args = "(TNil)"
         for i in reversed(node.inputs):
-            args = f"(TCons $n{i} {args})"
+            args = f"(TCons $eqsat_n{i} {args})"
         return f"(Op {node.attrs[0]} {args})"
-    parts = [str(a) for a in node.attrs] + [f"$n{i}" for i in node.inputs]
+    parts = [str(a) for a in node.attrs] + [f"$eqsat_n{i}" for i in node.inputs]
     return f"({node.op} {' '.join(parts)})"

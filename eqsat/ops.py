@@ -23,7 +23,7 @@ class OpSpec:
     name: str  # egglog constructor name
     attrs: tuple[str, ...]  # egglog sorts of the leading attribute arguments
     arity: int  # tensor inputs after the attributes
-    cost_class: str  # "source" | "contraction" | "elementwise" | "layout" | "opaque"
+    cost_class: str  # "source" | "contraction" | "elementwise" (fused by XLA: slices, concats too) | "opaque"
     lower: Callable[..., Any] | None  # lower(attrs, *inputs) -> jax value
     shape_rules: tuple[str, ...] = ()  # egglog rule bodies; `e` is the node, `sa`/`sb` input shapes
     primitives: tuple[str, ...] = ()  # jax primitives captured as this op
@@ -127,7 +127,7 @@ OPS: dict[str, OpSpec] = {
             "MT",
             (),
             1,
-            "layout",
+            "elementwise",
             lambda _attrs, a: _matrix_transpose(a),
             (
                 "(rule ((= e (MT a)) (= sa (shape a)) (= n (vec-length sa)) (>= n 2))"
@@ -140,7 +140,7 @@ OPS: dict[str, OpSpec] = {
             "Concat",
             ("i64",),
             2,
-            "layout",
+            "elementwise",
             lambda attrs, a, b: lax.concatenate([a, b], attrs[0]),
             (
                 "(rule ((= e (Concat k0 a b)) (= sa (shape a)) (= sb (shape b)) (< k0 (vec-length sa))"
@@ -153,7 +153,7 @@ OPS: dict[str, OpSpec] = {
             "Slice",
             ("i64", "i64", "i64"),
             1,
-            "layout",
+            "elementwise",
             _slice,
             (
                 "(rule ((= e (Slice k0 k1 k2 a)) (= sa (shape a)) (< k0 (vec-length sa)) (<= 0 k1) (< k1 k2)"

@@ -114,9 +114,8 @@ def _explain_conflict(
     text = " ".join(str(error).split())
     if "Illegal merge" not in text:
         return error
-    for _src, command in commands:
-        egraph, _ = _build(graph, [])
-        egraph.run_program(command)
+    for src, command in commands:
+        egraph, _ = _build(graph, [RuleSource(src.name, src.origin, str(command))])
         step = egraph.parse_program(_STEP)
         try:
             for _ in range(max(iterations, 1)):

@@ -79,7 +79,7 @@ def node_cost(
         moved = in_bytes + out_bytes
         seconds = max(flops / profile.flops_per_second(dtype or "float32"), moved / profile.bandwidth)
         return Cost(seconds + profile.launch_overhead, flops, moved, 1)
-    # layout ops and opaque primitives: one pass over their data, one kernel
+    # opaque primitives: one pass over their data, one kernel
     moved = in_bytes + out_bytes
     return Cost(moved / profile.bandwidth + profile.launch_overhead, 0.0, moved, 1)
 

@@ -22,6 +22,7 @@ class PlanNode:
     dtype: str | None
     cost: Cost
     rewritten: bool  # not a node of the original program
+    weight: bool = False  # computed from parameters and constants alone: runs once when prepared
 
 
 @dataclass
@@ -86,10 +87,16 @@ class Plan:
         return self.summary()
 
 
-def build_plan(graph: Graph, snapshot: Snapshot, profile: Profile) -> Plan:
-    """Extract the cheapest well-typed program; nodes whose lowering does not type-check are banned."""
+def build_plan(graph: Graph, snapshot: Snapshot, profile: Profile, params: frozenset[str] = frozenset()) -> Plan:
+    """Extract the cheapest well-typed program; nodes whose lowering does not type-check are banned.
+
+    params: the Var names of declared parameters. Nodes computed from parameters and constants alone are
+    then free, since `prepare` runs them once.
+    """
     nodes = snapshot.nodes
+    weight = _weight_nodes(nodes, params) if params else [False] * len(nodes)
     costs = [_cost(node, snapshot, profile) for node in nodes]
+    costs = [0.0 if w and math.isfinite(c) else c for c, w in zip(costs, weight, strict=True)]
     roots = [snapshot.orig[i] for i in graph.roots()]
     for _ in range(20):
         choice = greedy_dag(nodes, costs)
@@ -104,7 +111,7 @@ def build_plan(graph: Graph, snapshot: Snapshot, profile: Profile) -> Plan:
             costs[i] = math.inf
     else:
         raise RuntimeError("extraction kept choosing ill-typed nodes")
-    return _assemble(graph, snapshot, profile, nodes, costs, choice, order, roots)
+    return _assemble(graph, snapshot, profile, weight, choice, order)
 
 
 def original_cost(graph: Graph, profile: Profile) -> Cost:
@@ -154,16 +161,30 @@ def _topological(nodes: list[ENode], choice: dict[str, int], roots: list[str]) -
     return order
 
 
+def _weight_nodes(nodes: list[ENode], params: frozenset[str]) -> list[bool]:
+    """Which e-nodes compute from parameters and constants alone (a fixpoint over the e-graph)."""
+    weight = [False] * len(nodes)
+    classes: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for i, node in enumerate(nodes):
+            if weight[i]:
+                continue
+            if node.op == "Var":
+                ok = node.attrs[0] in params or str(node.attrs[0]).startswith("c")
+            else:
+                ok = all(c in classes for c in node.children)
+            if ok:
+                weight[i], changed = True, True
+                classes.add(node.eclass)
+    return weight
+
+
 def _assemble(
-    graph: Graph,
-    snapshot: Snapshot,
-    profile: Profile,
-    nodes: list[ENode],
-    costs: list[float],
-    choice: dict[str, int],
-    order: list[int],
-    roots: list[str],
+    graph: Graph, snapshot: Snapshot, profile: Profile, weight: list[bool], choice: dict[str, int], order: list[int]
 ) -> Plan:
+    nodes = snapshot.nodes
     kept = _original_keys(graph, snapshot)
     index: dict[str, int] = {}  # e-class -> plan node
     lists: dict[str, tuple[int, ...]] = {}  # TList e-class -> plan nodes
@@ -179,10 +200,11 @@ def _assemble(
         inputs = lists[node.children[0]] if node.op == "Op" else tuple(index[c] for c in node.children)
         shape, dtype = snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass)
         in_shapes = [plan_nodes[j].shape for j in inputs]
-        cost = Cost() if node.op in _STRUCTURAL else node_cost(node.op, in_shapes, shape, dtype, profile)
+        free = node.op in _STRUCTURAL or weight[i]
+        cost = Cost() if free else node_cost(node.op, in_shapes, shape, dtype, profile)
         key = (node.eclass, node.op, tuple(node.attrs), () if node.op == "Op" else node.children)
         rewritten = key not in kept
-        plan_nodes.append(PlanNode(node.op, inputs, tuple(node.attrs), shape, dtype, cost, rewritten))
+        plan_nodes.append(PlanNode(node.op, inputs, tuple(node.attrs), shape, dtype, cost, rewritten, weight[i]))
         index[node.eclass] = len(plan_nodes) - 1
     predicted = Cost()
     for n in plan_nodes:

@@ -1,0 +1,114 @@
+"""The benchmark suite: each model optimized by eqsat and measured against jax.jit in the same process.
+
+    python -m benches.run              # full suite, published shapes
+    python -m benches.run --quick      # small shapes, short timings: a few minutes on 2 cores
+    python -m benches.run --models bert,nasrnn --real   # a subset; --real adds the PyPI models
+
+Writes a table to stdout and a JSON file (--out, default benches/results.json).
+"""
+
+import argparse
+import datetime
+import json
+import platform
+import time
+from typing import Any
+
+import jax
+
+import eqsat
+from benches.workload import Workload
+from eqsat.measure import compare
+
+
+def xla_peak_bytes(fn: Any, args: tuple) -> int:
+    """XLA's own figure: argument + output - alias + temp bytes of the compiled program."""
+    stats = jax.jit(fn).lower(*args).compile().memory_analysis()
+    return int(
+        stats.argument_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes + stats.temp_size_in_bytes
+    )
+
+
+def measure(work: Workload, seconds: float, prepare: bool) -> dict[str, Any]:
+    baseline = jax.jit(work.fn)
+    t0 = time.perf_counter()
+    fast = eqsat.optimize(work.fn, params_argnums=work.params_argnums if prepare else ())
+    plan = fast.plan(*work.args)
+    optimize_s = time.perf_counter() - t0
+    if prepare and work.params_argnums:
+        params = tuple(work.args[i] for i in work.params_argnums)
+        rest = tuple(a for i, a in enumerate(work.args) if i not in work.params_argnums)
+        candidate, run_args = fast.prepare(*params), rest
+
+        def reference(*r: Any) -> Any:
+            return baseline(*params, *r) if work.params_argnums == (0,) else None
+
+    else:
+        candidate, run_args, reference = fast, work.args, baseline
+    jax.block_until_ready(candidate(*run_args))  # validation happens here
+    timing = compare(reference, candidate, run_args, seconds=seconds)
+    return {
+        "model": work.name,
+        "ops": len(plan.graph.nodes),
+        "enodes": plan.stats["enodes"],
+        "eclasses": plan.stats["eclasses"],
+        "stop": plan.stop_reason,
+        "optimize_s": round(optimize_s, 3),
+        "predicted_speedup": round(plan.predicted_speedup, 3),
+        "measured_speedup": round(timing.ratio, 3),
+        "measured_iqr": [round(timing.ratio_low, 3), round(timing.ratio_high, 3)],
+        "jit_ms": round(timing.baseline_s * 1e3, 3),
+        "eqsat_ms": round(timing.candidate_s * 1e3, 3),
+        "peak_bytes_before": xla_peak_bytes(work.fn, work.args),
+        "rules_changed_plan": plan.rules_involved(),
+        "rewritten_ops": plan.rewritten_ops(),
+        "fallback": plan.fallback,
+        "prepared": bool(prepare and work.params_argnums),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benches.models.registry import MODELS
+
+    parser = argparse.ArgumentParser(prog="python -m benches.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small shapes and short timings")
+    parser.add_argument("--models", help="comma-separated subset of " + ",".join(MODELS))
+    parser.add_argument("--real", action="store_true", help="also the real PyPI models (extra `models`)")
+    parser.add_argument("--no-prepare", action="store_true", help="time fast(params, x) instead of prepared")
+    parser.add_argument("--seconds", type=float, help="timing budget per model (default 1 quick, 5 full)")
+    parser.add_argument("--out", default="benches/results.json")
+    args = parser.parse_args(argv)
+    scale = "small" if args.quick else "full"
+    seconds = args.seconds or (1.0 if args.quick else 5.0)
+    names = args.models.split(",") if args.models else list(MODELS)
+    builders = [lambda n=n: MODELS[n](scale) for n in names]
+    if args.real:
+        from benches.real_models import REAL_MODELS
+
+        builders += list(REAL_MODELS.values())
+    rows = []
+    for build in builders:
+        work = build()
+        row = measure(work, seconds, prepare=not args.no_prepare)
+        rows.append(row)
+        print(
+            f"{row['model']:<16} ops {row['ops']:5d}  e-nodes {row['enodes']:6d}  opt {row['optimize_s']:6.2f}s  "
+            f"predicted {row['predicted_speedup']:5.2f}x  measured {row['measured_speedup']:5.2f}x "
+            f"[{row['measured_iqr'][0]:.2f}-{row['measured_iqr'][1]:.2f}]  jit {row['jit_ms']:8.2f} ms  "
+            f"peak {row['peak_bytes_before'] / 2**20:7.1f} MiB  {row['fallback'] or ''}",
+            flush=True,
+        )
+    report = {
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''} "
+        f"cpus={jax.local_device_count()} jax={jax.__version__}",
+        "command": "python -m benches.run " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
+        "rows": rows,
+    }
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""Extraction front end: greedy DAG, exact ILP or both ("auto"), and the DAG cost every extractor is judged by."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+from extract.greedy import greedy_dag
+
+if TYPE_CHECKING:  # importing eqsat at run time would pull in jax and import extract.plan back
+    from eqsat.saturate import ENode
+
+METHODS = ("greedy", "ilp", "auto")
+
+
+def reachable(nodes: list[ENode], choice: dict[str, int], roots: list[str]) -> list[str]:
+    """The e-classes the choice reaches from the roots, children before parents; ValueError if it has no choice
+    for one of them or if it is cyclic."""
+    order: list[str] = []
+    state: dict[str, bool] = {}  # False while on the DFS path, True once finished
+    for root in roots:
+        stack: list[tuple[str, bool]] = [(root, False)]
+        while stack:
+            eclass, expanded = stack.pop()
+            if expanded:
+                state[eclass] = True
+                order.append(eclass)
+                continue
+            if eclass in state:
+                if not state[eclass]:
+                    raise ValueError(f"the choice is cyclic through e-class {eclass}")
+                continue
+            if eclass not in choice:
+                raise ValueError(f"no node chosen for reachable e-class {eclass}")
+            state[eclass] = False
+            stack.append((eclass, True))
+            stack.extend((c, False) for c in nodes[choice[eclass]].children if not state.get(c, False))
+    return order
+
+
+def dag_cost(nodes: list[ENode], costs: list[float], choice: dict[str, int], roots: list[str]) -> float:
+    """The sum of the chosen nodes' costs over the e-classes reachable from the roots, each counted once."""
+    return math.fsum(costs[choice[c]] for c in reachable(nodes, choice, roots))
+
+
+def extract(
+    nodes: list[ENode], costs: list[float], roots: list[str], method: str = "auto", time_limit: float = 5.0
+) -> tuple[dict[str, int], dict[str, Any]]:
+    """The chosen node per e-class reachable from the roots, and a report: the method whose choice it is, each
+    method's DAG cost and time, and whether the ILP proved its choice optimal. "auto" runs greedy and then the ILP,
+    warm-started with greedy's choice and bounded by time_limit seconds, and keeps the cheaper."""
+    from extract.ilp import ilp_extract  # here, not at the top: extract.ilp imports dag_cost from this module
+
+    if method not in METHODS:
+        raise ValueError(f"unknown extraction method {method!r}; expected one of {METHODS}")
+    report: dict[str, Any] = {"method": method, "greedy_cost": None, "greedy_s": None}
+    report |= {"ilp_cost": None, "ilp_s": None, "optimal": False}
+    choice: dict[str, int] | None = None
+    if method in ("greedy", "auto"):
+        start = time.perf_counter()
+        everything = greedy_dag(nodes, costs)
+        report["greedy_s"] = time.perf_counter() - start
+        missing = [r for r in roots if r not in everything]
+        if missing:  # greedy extracts every class that has an acyclic finite choice, so none exists
+            raise ValueError(f"no finite acyclic choice exists for e-classes {missing}")
+        choice = {c: everything[c] for c in reachable(nodes, everything, roots)}
+        report["greedy_cost"] = dag_cost(nodes, costs, choice, roots)
+        report["method"] = "greedy"
+    if method in ("ilp", "auto"):
+        start = time.perf_counter()
+        ilp_choice, ilp_cost, report["optimal"] = ilp_extract(nodes, costs, roots, time_limit, warm_start=choice)
+        report["ilp_s"] = time.perf_counter() - start
+        report["ilp_cost"] = ilp_cost
+        if choice is None or ilp_cost < report["greedy_cost"]:
+            choice, report["method"] = ilp_choice, "ilp"
+    assert choice is not None
+    return choice, report
