@@ -68,16 +68,20 @@ class Optimized:
         params_argnums: tuple[int, ...],
         validate: bool,
         limits: Limits | None,
+        extractor: str,
     ) -> None:
         self.fun = fun
         self.profile = load_profile(target)
-        self.rules = rule_sources.collect(rules, disabled_rules)
+        self.rules = rule_sources.collect(rules, (*disabled_rules, *self.profile.disabled_rules))
         self.static_argnums = tuple(static_argnums)
         self.params_argnums = tuple(params_argnums)
         if set(self.params_argnums) & set(self.static_argnums):
             raise ValueError(f"an argument cannot be both static and a parameter: {self.params_argnums}")
         self.validate = validate
         self.limits = limits or Limits()
+        if extractor not in ("greedy", "ilp", "auto"):
+            raise ValueError(f"extractor must be 'greedy', 'ilp' or 'auto', got {extractor!r}")
+        self.extractor = extractor
         self._cache: dict[Any, _Entry] = {}
         self._unvalidated: list[_Entry] = []  # plans built since the last validation
         self._dispatch = _Dispatch(self._traced, self.static_argnums)
@@ -95,26 +99,43 @@ class Optimized:
             raise TypeError(
                 f"prepare() takes the {len(self.params_argnums)} parameter argument(s) {self.params_argnums}"
             )
-        weights: dict[Any, list[Any]] = {}
-
-        def traced(*rest: Any) -> Any:
-            args = _merge_params(self.params_argnums, params, rest)
-            flat, key = self._flatten(args)
-            entry = self._entry(args, flat, key)
-            if entry.call is entry.original:
-                return jax.tree_util.tree_unflatten(entry.out_tree, entry.original(*flat))
-            boundary = weight_boundary(entry.plan)
-            if key not in weights:  # the weight-only subgraph reads parameters alone: run it once, here
-                concrete = [x if not isinstance(x, jax.core.Tracer) else _example_like(x, 0) for x in flat]
-                weights[key] = jax.jit(lower(entry.plan, outputs=boundary))(*concrete)
-            return jax.tree_util.tree_unflatten(entry.out_tree, lower(entry.plan, given=boundary)(*flat, *weights[key]))
-
-        dispatch = _Dispatch(traced)
+        params_flat = jax.tree_util.tree_leaves(params)
+        ready: dict[Any, tuple[Callable[..., list[Any]], list[Any], Any]] = {}
 
         def prepared(*rest: Any) -> Any:
-            return self._checked(dispatch, rest, _merge_params(self.params_argnums, params, rest))
+            leaves, tree = jax.tree_util.tree_flatten(rest)
+            key = (tree, tuple((np.shape(x), jax.numpy.result_type(x)) for x in leaves))
+            if key not in ready:
+                ready[key] = self._prepare_signature(params, rest)
+            run, weights, out_tree = ready[key]
+            return jax.tree_util.tree_unflatten(out_tree, run(params_flat, leaves, weights))
 
         return prepared
+
+    def _prepare_signature(self, params: tuple, rest: tuple) -> tuple:
+        """Plan, validate and run the weight-only subgraph once, for one signature of the other arguments.
+
+        Returns run(param leaves, other leaves, weights), jitted, with the leaves put in order at trace time."""
+        args = _merge_params(self.params_argnums, params, rest)
+        flat, key = self._flatten(args)
+        entry = self._entry(args, flat, key)
+        if entry in self._unvalidated:
+            self._unvalidated.remove(entry)
+            self._validate(entry, flat)
+        names = self._param_names(args)
+        is_param = [f"x{i}" in names for i in range(len(flat))]
+
+        def ordered(params_flat: list[Any], rest_flat: list[Any]) -> list[Any]:
+            p, r = iter(params_flat), iter(rest_flat)
+            return [next(p) if param else next(r) for param in is_param]
+
+        if entry.call is entry.original:
+            original = entry.original
+            return jax.jit(lambda p, r, w: original(*ordered(p, r))), [], entry.out_tree
+        boundary = weight_boundary(entry.plan)
+        weights = jax.jit(lower(entry.plan, outputs=boundary))(*flat)
+        body = lower(entry.plan, given=boundary)
+        return jax.jit(lambda p, r, w: body(*ordered(p, r), *w)), weights, entry.out_tree
 
     def _traced(self, *args: Any) -> Any:
         """The body jax.jit traces: look up (or build) the plan for these shapes and inline it."""
@@ -184,7 +205,7 @@ class Optimized:
         t1 = time.perf_counter()
         snapshot = saturate(graph, self.rules, self.limits)
         t2 = time.perf_counter()
-        plan = build_plan(graph, snapshot, self.profile, self._param_names(args))
+        plan = build_plan(graph, snapshot, self.profile, self._param_names(args), self.extractor)
         t3 = time.perf_counter()
         plan.stats.update(capture_s=t1 - t0, saturate_s=t2 - t1, extract_s=t3 - t2)
         log.info("eqsat: %s\n%s", name, plan.summary())
@@ -239,6 +260,7 @@ def optimize(
     params_argnums: int | Sequence[int] = (),
     validate: bool = True,
     limits: Limits | None = None,
+    extractor: str = "auto",
 ) -> Any:
     """Optimize a JAX function by equality saturation; use as `optimize(f, ...)` or `@optimize(...)`.
 
@@ -247,7 +269,8 @@ def optimize(
     static_argnums: as in jax.jit. params_argnums: arguments that are weights, fixed across calls; work on
     them alone (concatenating, folding) is then priced as free, and `fast.prepare(params)` does it once.
     validate: compare with the original on the first call of each signature and fall back to it, with a
-    warning, on a mismatch. limits: bounds on saturation (eqsat.Limits).
+    warning, on a mismatch. limits: bounds on saturation (eqsat.Limits). extractor: "greedy" (greedy DAG),
+    "ilp" (exact, HiGHS) or "auto" (both within a time budget, the cheaper kept).
     """
     settings = dict(
         target=target,
@@ -257,6 +280,7 @@ def optimize(
         params_argnums=_as_tuple(params_argnums),
         validate=validate,
         limits=limits,
+        extractor=extractor,
     )
     if fun is None:
         return functools.partial(optimize, **settings)

@@ -33,7 +33,7 @@ def collect(extra: list[str | Path] | str | Path | None = None, disabled: tuple[
     unknown = sorted(set(disabled) - set(groups))
     if unknown:
         raise RuleError(f"unknown rule group(s) {unknown} in disabled_rules; the groups are {sorted(groups)}")
-    sources = [src for name, src in groups.items() if name not in disabled]
+    sources = [src for name, src in groups.items() if name not in disabled]  # a target may disable one too
     if extra is None:
         extra = []
     elif isinstance(extra, str | Path):

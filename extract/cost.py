@@ -25,6 +25,8 @@ class Profile:
     bandwidth: float
     launch_overhead: float
     fuses_elementwise: bool
+    disabled_rules: tuple[str, ...] = ()  # rule groups that do not pay on this target, as measured
+    notes: str = ""
 
     def flops_per_second(self, dtype: str) -> float:
         return self.peak_flops.get(dtype, min(self.peak_flops.values()))
@@ -56,7 +58,9 @@ def load_profile(target: str | Profile) -> Profile:
     entry = resources.files("extract").joinpath("profiles", f"{target}.json")
     if not entry.is_file():
         raise ValueError(f"unknown target {target!r}; the device profiles are {profile_names()}")
-    return Profile(**json.loads(entry.read_text()))
+    data = json.loads(entry.read_text())
+    data["disabled_rules"] = tuple(data.get("disabled_rules", ()))
+    return Profile(**data)
 
 
 def node_cost(

@@ -8,7 +8,7 @@ from eqsat.ir import Graph, Shape
 from eqsat.ops import OPS, infer
 from eqsat.saturate import ENode, Snapshot
 from extract.cost import Cost, Profile, node_cost
-from extract.greedy import greedy_dag
+from extract.extractors import extract
 
 _STRUCTURAL = {"TCons", "TNil", "Get", "Var"}  # carry no cost and need no shape check
 
@@ -38,6 +38,7 @@ class Plan:
     rules_fired: dict[str, int] = field(default_factory=dict)
     graph: Graph | None = field(default=None, repr=False, compare=False)  # opaque calls and constants
     fallback: str | None = None  # why the original program runs instead, if it does
+    extraction: dict[str, Any] = field(default_factory=dict)  # method chosen, greedy / ILP costs, optimality
 
     @property
     def predicted_speedup(self) -> float:
@@ -87,11 +88,19 @@ class Plan:
         return self.summary()
 
 
-def build_plan(graph: Graph, snapshot: Snapshot, profile: Profile, params: frozenset[str] = frozenset()) -> Plan:
+def build_plan(
+    graph: Graph,
+    snapshot: Snapshot,
+    profile: Profile,
+    params: frozenset[str] = frozenset(),
+    extractor: str = "auto",
+    time_limit: float = 1.0,
+) -> Plan:
     """Extract the cheapest well-typed program; nodes whose lowering does not type-check are banned.
 
     params: the Var names of declared parameters. Nodes computed from parameters and constants alone are
-    then free, since `prepare` runs them once.
+    then free, since `prepare` runs them once. extractor: "greedy", "ilp" or "auto" (greedy, then the ILP
+    warm-started from it within time_limit seconds, keeping the cheaper).
     """
     nodes = snapshot.nodes
     weight = _weight_nodes(nodes, params) if params else [False] * len(nodes)
@@ -99,10 +108,7 @@ def build_plan(graph: Graph, snapshot: Snapshot, profile: Profile, params: froze
     costs = [0.0 if w and math.isfinite(c) else c for c, w in zip(costs, weight, strict=True)]
     roots = [snapshot.orig[i] for i in graph.roots()]
     for _ in range(20):
-        choice = greedy_dag(nodes, costs)
-        missing = [r for r in roots if r not in choice]
-        if missing:
-            raise RuntimeError(f"extraction found no well-typed program for e-classes {missing}")
+        choice, report = extract(nodes, costs, roots, extractor, time_limit)
         order = _topological(nodes, choice, roots)
         banned = [i for i in order if not _typechecks(nodes[i], snapshot)]
         if not banned:
@@ -111,7 +117,9 @@ def build_plan(graph: Graph, snapshot: Snapshot, profile: Profile, params: froze
             costs[i] = math.inf
     else:
         raise RuntimeError("extraction kept choosing ill-typed nodes")
-    return _assemble(graph, snapshot, profile, weight, choice, order)
+    plan = _assemble(graph, snapshot, profile, weight, choice, order)
+    plan.extraction = {k: v for k, v in report.items() if v is not None}
+    return plan
 
 
 def original_cost(graph: Graph, profile: Profile) -> Cost:

@@ -150,3 +150,40 @@ def test_targets_plan_and_run_here(target):
     fast = eqsat.optimize(work.fn, target=target)
     _close(fast(*work.args), work.fn(*work.args))
     assert fast.plan(*work.args).target == target
+
+
+@pytest.mark.parametrize("extractor", ["greedy", "ilp", "auto"])
+def test_extractors_agree_on_the_examples(extractor):
+    work = EXAMPLES["matmul_chain"]("small")
+    plan = eqsat.optimize(work.fn, extractor=extractor).plan(*work.args)
+    assert plan.extraction["method"] in {"greedy", "ilp"}
+    assert plan.rewritten_ops().get("Dot") == 2
+
+
+def test_prepare_computes_weights_once_and_matches():
+    work = EXAMPLES["distributivity"]("small")
+    fast = eqsat.optimize(lambda w, x: x @ w["a"] + x @ w["b"], params_argnums=0)
+    x, w1, w2 = work.args
+    params = {"a": w1, "b": w2}
+    prepared = fast.prepare(params)
+    _close(prepared(x), x @ w1 + x @ w2)
+    _close(prepared(x * 2), (x * 2) @ w1 + (x * 2) @ w2)
+    plan = fast.plan(params, x)
+    assert any(n.weight and n.op == "Add" for n in plan.nodes)  # W1 + W2 is weight-only work
+    assert plan.predicted.flops < plan.original.flops
+
+
+def test_targets_differ_where_the_hardware_does():
+    """Block GEMM merge pays where launches cost (h100) and was measured to lose on XLA:CPU."""
+
+    def cell(w, x, h):
+        return jnp.tanh(x @ w["W"] + h @ w["U"])
+
+    key = jax.random.PRNGKey(5)
+    w = {"W": jax.random.normal(key, (64, 64)), "U": jax.random.normal(key, (64, 64)) * 0.5}
+    x, h = jnp.ones((1, 64)), jnp.full((1, 64), 0.5)
+    plans = {t: eqsat.optimize(cell, target=t, params_argnums=0).plan(w, x, h) for t in ("cpu", "h100")}
+    assert "Concat" in plans["h100"].rewritten_ops()
+    assert "Concat" not in plans["cpu"].rewritten_ops()
+    prepared = eqsat.optimize(cell, target="h100", params_argnums=0).prepare(w)
+    _close(prepared(x, h), cell(w, x, h))
