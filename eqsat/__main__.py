@@ -27,6 +27,13 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def compare_plans(args: argparse.Namespace) -> int:
+    from extract.report import compare, load_plan
+
+    compare(*[load_plan(path) for path in args.plans], labels=args.plans)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eqsat", description="Equality-saturation optimizer for JAX.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -36,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="cpu", help="device profile to plan for")
     p.add_argument("--seconds", type=float, default=3.0, help="timing budget per example")
     p.set_defaults(run=demo)
+    p = commands.add_parser("compare", help="print saved plans (JSON from extract.report.save_plan) side by side")
+    p.add_argument("plans", nargs="+", help="plan JSON files")
+    p.set_defaults(run=compare_plans)
     args = parser.parse_args(argv)
     return args.run(args)
 
