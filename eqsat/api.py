@@ -84,6 +84,7 @@ class Optimized:
         self.extractor = extractor
         self._cache: dict[Any, _Entry] = {}
         self._unvalidated: list[_Entry] = []  # plans built since the last validation
+        self._saturated: dict[Any, tuple] = {}  # signature -> flat function, output tree, graph, e-graph, times
         self._dispatch = _Dispatch(self._traced, self.static_argnums)
         functools.update_wrapper(self, fun)
 
@@ -118,7 +119,7 @@ class Optimized:
         Returns run(param leaves, other leaves, weights), jitted, with the leaves put in order at trace time."""
         args = _merge_params(self.params_argnums, params, rest)
         flat, key = self._flatten(args)
-        entry = self._entry(args, flat, key)
+        entry = self._entry(args, flat, key, prepared=True)
         if entry in self._unvalidated:
             self._unvalidated.remove(entry)
             self._validate(entry, flat)
@@ -160,10 +161,13 @@ class Optimized:
             out = dispatch.run(*call_args)
         return out
 
-    def plan(self, *args: Any) -> Plan:
-        """The plan used for arguments of these shapes and dtypes (built if needed)."""
+    def plan(self, *args: Any, prepared: bool | None = None) -> Plan:
+        """The plan for arguments of these shapes and dtypes (built if needed).
+
+        With parameters declared it is the plan `prepare` runs, unless prepared=False: then the plan a direct
+        call runs, which prices weight-only work as the per-call work it is."""
         flat, key = self._flatten(args)
-        return self._entry(args, flat, key).plan
+        return self._entry(args, flat, key, bool(self.params_argnums) if prepared is None else prepared).plan
 
     def _flatten(self, args: tuple) -> tuple[list[Any], Any]:
         for i in self.static_argnums:
@@ -182,38 +186,42 @@ class Optimized:
         key = (tree, avals, tuple((i, args[i]) for i in sorted(static)))
         return flat, key
 
-    def _entry(self, args: tuple, flat: list[Any], key: Any) -> _Entry:
-        entry = self._cache.get(key)
+    def _entry(self, args: tuple, flat: list[Any], key: Any, prepared: bool = False) -> _Entry:
+        entry = self._cache.get((key, prepared))
         if entry is None:
-            entry = self._cache[key] = self._build(args, flat)
+            entry = self._cache[key, prepared] = self._build(args, flat, key, prepared)
             if not entry.validated:
                 self._unvalidated.append(entry)
         return entry
 
-    def _build(self, args: tuple, flat: list[Any]) -> _Entry:
+    def _build(self, args: tuple, flat: list[Any], key: Any, prepared: bool) -> _Entry:
+        """Capture and saturate once per signature; extract and lower once per signature and mode."""
         name = getattr(self.fun, "__name__", repr(self.fun))
-        flat_fun, out_tree = _flat_function(self.fun, args, self.static_argnums)
         t0 = time.perf_counter()
-        try:
-            closed = jax.make_jaxpr(flat_fun)(*flat)
-        except Exception as error:
-            raise CaptureError(
-                f"eqsat.optimize could not trace {name}: {type(error).__name__}: {str(error).splitlines()[0]} "
-                "eqsat accepts what jax.jit accepts: mark Python-valued arguments with static_argnums."
-            ) from error
-        graph = capture(closed)
-        t1 = time.perf_counter()
-        snapshot = saturate(graph, self.rules, self.limits)
+        if key not in self._saturated:
+            flat_fun, out_tree = _flat_function(self.fun, args, self.static_argnums)
+            try:
+                closed = jax.make_jaxpr(flat_fun)(*flat)
+            except Exception as error:
+                raise CaptureError(
+                    f"eqsat.optimize could not trace {name}: {type(error).__name__}: {str(error).splitlines()[0]} "
+                    "eqsat accepts what jax.jit accepts: mark Python-valued arguments with static_argnums."
+                ) from error
+            graph = capture(closed)
+            t1 = time.perf_counter()
+            snapshot = saturate(graph, self.rules, self.limits)
+            self._saturated[key] = (flat_fun, out_tree(), graph, snapshot, t1 - t0, time.perf_counter() - t1)
+        flat_fun, out_tree, graph, snapshot, capture_s, saturate_s = self._saturated[key]
         t2 = time.perf_counter()
-        plan = build_plan(graph, snapshot, self.profile, self._param_names(args), self.extractor)
-        t3 = time.perf_counter()
-        plan.stats.update(capture_s=t1 - t0, saturate_s=t2 - t1, extract_s=t3 - t2)
+        params = self._param_names(args) if prepared else frozenset()
+        plan = build_plan(graph, snapshot, self.profile, params, self.extractor)
+        plan.stats.update(capture_s=capture_s, saturate_s=saturate_s, extract_s=time.perf_counter() - t2)
         log.info("eqsat: %s\n%s", name, plan.summary())
         original = jax.jit(flat_fun)
         if plan.unchanged:  # nothing to gain: run the original program exactly as jax.jit would
-            return _Entry(plan, original, original, out_tree(), validated=True)
+            return _Entry(plan, original, original, out_tree, validated=True)
         optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
-        return _Entry(plan, optimized, original, out_tree(), validated=not self.validate)
+        return _Entry(plan, optimized, original, out_tree, validated=not self.validate)
 
     def _param_names(self, args: tuple) -> frozenset[str]:
         """The graph's Var names of the flat leaves that belong to parameter arguments."""
