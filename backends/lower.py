@@ -20,7 +20,6 @@ def lower(plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int]
     wanted = list(plan.outputs) if outputs is None else list(outputs)
     needed = _needed(plan, [*wanted, *(plan.effects if outputs is None else [])], set(given))
     input_names = {graph.nodes[i].attrs[0]: k for k, i in enumerate(graph.inputs)}
-    consts = {name: jnp.asarray(value) for name, value in graph.consts.items()}
     n_args = len(graph.inputs)
 
     def run(*args: Any) -> list[Any]:
@@ -30,7 +29,9 @@ def lower(plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int]
             ins = [values[j] for j in node.inputs]
             if node.op == "Var":
                 name = node.attrs[0]
-                values[i] = args[input_names[name]] if name in input_names else consts[name]
+                # constants become arrays here, in the trace that uses them: made earlier, under another
+                # trace, they would be that trace's values and leak
+                values[i] = args[input_names[name]] if name in input_names else jnp.asarray(graph.consts[name])
             elif node.op == "Op":
                 call = graph.opaque[node.attrs[0]]
                 values[i] = call.primitive.bind(*ins, **call.params)

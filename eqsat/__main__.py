@@ -34,6 +34,13 @@ def compare_plans(args: argparse.Namespace) -> int:
     return 0
 
 
+def calibrate(args: argparse.Namespace) -> int:
+    from extract.calibrate import calibrate, summary
+
+    print(summary(calibrate(args.seconds, args.out)))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eqsat", description="Equality-saturation optimizer for JAX.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -46,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     p = commands.add_parser("compare", help="print saved plans (JSON from extract.report.save_plan) side by side")
     p.add_argument("plans", nargs="+", help="plan JSON files")
     p.set_defaults(run=compare_plans)
+    p = commands.add_parser("calibrate", help="measure this machine and write a calibrated cpu profile to the cache")
+    p.add_argument("--seconds", type=float, default=60.0, help="timing budget (compilation comes on top)")
+    p.add_argument("--out", help="profile JSON to write (default: the user cache, where target 'cpu' finds it)")
+    p.set_defaults(run=calibrate)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -74,16 +74,64 @@ def _model(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, t
     dtypes = {v.aval.dtype for v in (*eqn.invars, *eqn.outvars)}
     if len(dtypes) != 1 or dtypes == {np.dtype(bool)} or not isinstance(next(iter(dtypes)), np.dtype):
         return None
-    if name == "dot_general":
-        return _model_dot(graph, eqn, inputs)
+    special = _SPECIAL.get(name)
+    if special is not None:
+        return special(graph, eqn, inputs)
     op = CAPTURED_PRIMITIVES.get(name)
     if op is None or any(value is not None for value in eqn.params.values()):
         return None
     if op.arity == 2:
-        sa, sb = (v.aval.shape for v in eqn.invars)
-        if not (sa == sb or sa == () or sb == ()):
-            return None
+        return op.name, (), [_broadcast_to(graph, node, eqn.outvars[0].aval.shape) for node in inputs]
     return op.name, (), inputs
+
+
+def _broadcast_to(graph: Graph, node: int, shape: tuple[int, ...]) -> int:
+    """lax's implicit broadcast of size-1 axes made explicit (scalars stay scalars), folded into a Bcast operand."""
+    src = graph.nodes[node]
+    if src.shape == shape or src.shape == ():
+        return node
+    if src.op == "Bcast":
+        dims, node = src.attrs[1], src.inputs[0]
+    else:
+        dims = tuple(range(len(shape)))
+    return graph.add(Node("Bcast", (node,), (tuple(shape), tuple(dims)), tuple(shape), src.dtype))
+
+
+def _model_concat(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    """An n-way concatenate as a left-nested chain of binary Concats."""
+    axis = int(eqn.params["dimension"])
+    if len(inputs) == 1:
+        return None
+    acc = inputs[0]
+    for node in inputs[1:-1]:
+        a, b = graph.nodes[acc], graph.nodes[node]
+        assert a.shape is not None and b.shape is not None
+        shape = tuple(x + y if d == axis else x for d, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)))
+        acc = graph.add(Node("Concat", (acc, node), (axis,), shape, a.dtype))
+    return "Concat", (axis,), [acc, inputs[-1]]
+
+
+def _model_bcast(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    if eqn.params.get("sharding") is not None:
+        return None
+    return "Bcast", (tuple(eqn.params["shape"]), tuple(eqn.params["broadcast_dimensions"])), inputs
+
+
+def _model_conv(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    """conv_general_dilated in NHWC x HWIO -> NHWC form without input dilation."""
+    p = eqn.params
+    dims = p["dimension_numbers"]
+    nhwc = (tuple(dims.lhs_spec), tuple(dims.rhs_spec), tuple(dims.out_spec)) == (
+        (0, 3, 1, 2),
+        (3, 2, 0, 1),
+        (0, 3, 1, 2),
+    )
+    plain = p["batch_group_count"] == 1 and tuple(p["lhs_dilation"]) == (1, 1) and p["precision"] is None
+    if not (nhwc and plain and p["preferred_element_type"] is None and len(p["window_strides"]) == 2):
+        return None
+    (pt, pb), (pl, pr) = p["padding"]
+    attrs = (*p["window_strides"], pt, pb, pl, pr, *p["rhs_dilation"], p["feature_group_count"])
+    return "Conv", tuple(int(a) for a in attrs), inputs
 
 
 def _model_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
@@ -141,3 +189,11 @@ def _shape(var: Any) -> tuple[int, ...] | None:
 
 def _dtype(var: Any) -> str | None:
     return str(var.aval.dtype) if hasattr(var.aval, "dtype") else None
+
+
+_SPECIAL = {
+    "dot_general": _model_dot,
+    "conv_general_dilated": _model_conv,
+    "broadcast_in_dim": _model_bcast,
+    "concatenate": _model_concat,
+}

@@ -36,8 +36,7 @@ def encode(graph: Graph) -> str:
     for i, node in enumerate(graph.nodes):
         lines.append(f"(let $eqsat_n{i} {_term(graph, node)})")
         if node.shape is not None:
-            dims = " ".join(str(d) for d in node.shape)
-            lines.append(f"(set (shape $eqsat_n{i}) {f'(vec-of {dims})' if dims else '(vec-empty)'})")
+            lines.append(f"(set (shape $eqsat_n{i}) {_literal(node.shape)})")
             lines.append(f'(set (dtype $eqsat_n{i}) "{node.dtype}")')
         lines.append(f"(Orig {i} $eqsat_n{i})")
     return "\n".join(lines)
@@ -53,5 +52,12 @@ def _term(graph: Graph, node: Node) -> str:
         for i in reversed(node.inputs):
             args = f"(TCons $eqsat_n{i} {args})"
         return f"(Op {node.attrs[0]} {args})"
-    parts = [str(a) for a in node.attrs] + [f"$eqsat_n{i}" for i in node.inputs]
+    parts = [_literal(a) for a in node.attrs] + [f"$eqsat_n{i}" for i in node.inputs]
     return f"({node.op} {' '.join(parts)})"
+
+
+def _literal(attr: object) -> str:
+    """An attribute as egglog text: integers as they are, tuples of integers as a Vec."""
+    if isinstance(attr, tuple):
+        return f"(vec-of {' '.join(str(d) for d in attr)})" if attr else "(vec-empty)"
+    return str(attr)

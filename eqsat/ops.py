@@ -27,6 +27,7 @@ class OpSpec:
     lower: Callable[..., Any] | None  # lower(attrs, *inputs) -> jax value
     shape_rules: tuple[str, ...] = ()  # egglog rule bodies; `e` is the node, `sa`/`sb` input shapes
     primitives: tuple[str, ...] = ()  # jax primitives captured as this op
+    contracted: Callable[[list[Shape]], int] | None = None  # contraction length per output element
 
     def signature(self) -> str:
         return " ".join((*self.attrs, *("Tensor",) * self.arity))
@@ -37,10 +38,11 @@ class OpSpec:
         return f"({self.name} {' '.join(names)})"
 
 
-def contraction_flops(in_shapes: list[Shape], out_shape: Shape) -> int:
-    """2*M*N*K for a Dot or BatchDot: the output size times the contracted length, twice."""
-    contracted = in_shapes[0][-1]
-    return 2 * prod(out_shape) * contracted
+def contraction_flops(op: str, in_shapes: list[Shape], out_shape: Shape) -> int:
+    """A multiply and an add per output element and contracted index."""
+    contracted = OPS[op].contracted
+    assert contracted is not None, f"{op} is not a contraction"
+    return 2 * prod(out_shape) * contracted(in_shapes)
 
 
 _SAME = "(rule ((= e {pat}) (= sa (shape a)) (= sb (shape b)) (= sa sb)) ((set (shape e) sa)))"
@@ -72,6 +74,28 @@ def _batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
     return lax.dot_general(a, b, (((a.ndim - 1,), (a.ndim - 2,)), (batch, batch)))
 
 
+CONV_DIMS = ("NHWC", "HWIO", "NHWC")
+
+
+def _conv(attrs: tuple, x: Any, w: Any) -> Any:
+    sh, sw, pt, pb, pl, pr, dh, dw, groups = attrs
+    return lax.conv_general_dilated(
+        x,
+        w,
+        (sh, sw),
+        ((pt, pb), (pl, pr)),
+        rhs_dilation=(dh, dw),
+        dimension_numbers=CONV_DIMS,
+        feature_group_count=groups,
+    )
+
+
+def _out_size(size: str, pad_a: str, pad_b: str, kernel: str, dilation: str, stride: str) -> str:
+    """egglog text of (size + pads - dilation*(kernel-1) - 1) / stride + 1."""
+    span = f"(+ (* {dilation} (- {kernel} 1)) 1)"
+    return f"(+ (/ (- (+ {size} (+ {pad_a} {pad_b})) {span}) {stride}) 1)"
+
+
 def _slice(attrs: tuple, a: Any) -> Any:
     axis, start, stop = attrs
     return lax.slice_in_dim(a, start, stop, axis=axis)
@@ -94,6 +118,7 @@ OPS: dict[str, OpSpec] = {
                 " (= (vec-get sa (- (vec-length sa) 1)) (vec-get sb 0)))"
                 " ((set (shape e) (vec-append (vec-pop sa) (vec-remove sb 0)))))",
             ),
+            contracted=lambda shapes: shapes[0][-1],
         ),
         # batched matmul with leading batch dims: a[B..., M, K] . b[B..., K, N] -> [B..., M, N].
         OpSpec(
@@ -107,6 +132,38 @@ OPS: dict[str, OpSpec] = {
                 " (= n (vec-length sb)) (>= n 3) (= (vec-pop (vec-pop sa)) (vec-pop (vec-pop sb)))"
                 " (= (vec-get sa (- n 1)) (vec-get sb (- n 2))))"
                 " ((set (shape e) (vec-set sa (- n 1) (vec-get sb (- n 1))))))",
+            ),
+            contracted=lambda shapes: shapes[0][-1],
+        ),
+        # NHWC x HWIO convolution: (Conv stride_h stride_w pad_top pad_bottom pad_left pad_right
+        #                                dilation_h dilation_w groups x w)
+        OpSpec(
+            "Conv",
+            ("i64",) * 9,
+            2,
+            "contraction",
+            _conv,
+            (
+                "(rule ((= e (Conv k0 k1 k2 k3 k4 k5 k6 k7 k8 a b)) (= sa (shape a)) (= sb (shape b))"
+                " (= (vec-length sa) 4) (= (vec-length sb) 4) (= (vec-get sa 3) (* k8 (vec-get sb 2)))"
+                " (= 0 (% (vec-get sb 3) k8)))"
+                " ((set (shape e) (vec-of (vec-get sa 0)"
+                f" {_out_size('(vec-get sa 1)', 'k2', 'k3', '(vec-get sb 0)', 'k6', 'k0')}"
+                f" {_out_size('(vec-get sa 2)', 'k4', 'k5', '(vec-get sb 1)', 'k7', 'k1')}"
+                " (vec-get sb 3)))))",
+            ),
+            contracted=lambda shapes: prod(shapes[1][:3]),
+        ),
+        # broadcast_in_dim: (Bcast target_shape dims a)
+        OpSpec(
+            "Bcast",
+            ("Shape", "Shape"),
+            1,
+            "elementwise",
+            lambda attrs, a: lax.broadcast_in_dim(a, tuple(attrs[0]), tuple(attrs[1])),
+            (
+                "(rule ((= e (Bcast k0 k1 a)) (= sa (shape a)) (= (vec-length sa) (vec-length k1)))"
+                " ((set (shape e) k0)))",
             ),
         ),
         _binary("Add", lax.add, "add"),

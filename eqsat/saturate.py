@@ -133,15 +133,17 @@ def _snapshot(egraph: egg.EGraph) -> Snapshot:
     raw = data["nodes"]
     literal: dict[str, int | str] = {}
     for node_id, node in raw.items():
-        if node_id.startswith("primitive-") and not node["children"]:
+        if node_id.startswith("primitive-") and not node["children"] and node["op"] != "vec-of":
             literal[node_id] = json.loads(node["op"]) if node["op"].startswith('"') else _int(node["op"])
+    for node_id, node in raw.items():  # vectors (shapes, broadcast dims) after the integers they hold
+        if node_id.startswith("primitive-") and node["op"] == "vec-of":
+            literal[node_id] = tuple(int(literal[c]) for c in node["children"])
     class_node = {node["eclass"]: node_id for node_id, node in raw.items() if node_id.startswith("primitive-")}
     nodes, shape, dtype, orig = [], {}, {}, {}
     for node_id, node in raw.items():
         op, children = node["op"], node["children"]
         if op == "shape":
-            dims = raw[class_node[node["eclass"]]]["children"]
-            shape[raw[children[0]]["eclass"]] = tuple(int(literal[d]) for d in dims)
+            shape[raw[children[0]]["eclass"]] = literal[class_node[node["eclass"]]]
         elif op == "dtype":
             dtype[raw[children[0]]["eclass"]] = str(literal[class_node[node["eclass"]]])
         elif op == "Orig":

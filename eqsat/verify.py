@@ -1,0 +1,745 @@
+"""Rule verification: every equality a rule adds must hold on concrete values.
+
+check_egraph evaluates the original program on concrete inputs, giving each original e-class a value, then
+evaluates every e-node whose children have values with its op's lowering and compares the result with its
+e-class's value. check_rules does that over random programs (hypothesis strategies built from GENERATORS, one
+small entry per op or rule pattern) saturated with the rules under test, and counts how often each rule fired.
+Verification is about truth, not profitability: groups a target disables are checked too.
+"""
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import egglog.bindings as egg
+import jax
+import numpy as np
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from jax import lax
+
+from eqsat.capture import capture
+from eqsat.errors import EqsatError
+from eqsat.ir import Graph
+from eqsat.ops import OPS
+from eqsat.rules import RuleSource, collect
+from eqsat.saturate import Limits, Snapshot, saturate
+
+Shape = tuple[int, ...]
+
+# Small enough that one program saturates and evaluates in well under a second, large enough that rules
+# two or three rewrites away from the captured program get to fire.
+VERIFY_LIMITS = Limits(iterations=5, nodes=2_500, seconds=2.0)
+
+# Largest error allowed, relative to the largest magnitude a node combines (see `tolerance`). Ints: exact.
+_RTOL = {"float64": 1e-10, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2, "complex64": 1e-4, "complex128": 1e-10}
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """An e-node whose value differs from its e-class's: the rewrite that put it there is unsound."""
+
+    eclass: str
+    op: str
+    attrs: tuple
+    children: tuple[str, ...]
+    error: float  # max abs difference (inf where NaN/inf positions differ)
+    allowed: float  # the tolerance it exceeded
+    rules: tuple[str, ...]  # rules that fired in this saturation (the snapshot cannot say which made the node)
+    class_nodes: tuple[str, ...] = ()  # every node of the e-class, as text, for the report
+    program: str = ""  # the generated program, filled in by check_rules
+    suspects: tuple[str, ...] = ()  # rules that reproduce it alone, filled in by check_rules
+
+    def describe(self) -> str:
+        lines = [
+            f"e-class {self.eclass}: {node_text(self.op, self.attrs, self.children)} differs from the class value "
+            f"by {self.error:.3g} (allowed {self.allowed:.3g})",
+            f"  rules fired: {', '.join(self.rules) or '-'}",
+        ]
+        if self.suspects:
+            lines.append(f"  reproduced by: {', '.join(self.suspects)}")
+        lines += [f"  node: {text}" for text in self.class_nodes]
+        if self.program:
+            lines += [f"  program: {line}" for line in self.program.splitlines()]
+        return "\n".join(lines)
+
+
+def node_text(op: str, attrs: tuple, children: tuple[str, ...]) -> str:
+    return f"({' '.join([op, *(repr(a) for a in attrs), *children])})"
+
+
+def tolerance(dtype: np.dtype, scale: float) -> float:
+    """The absolute error allowed for a value of this dtype whose computation involves magnitudes up to `scale`.
+
+    A rewrite re-associates one op at a time here (nodes are evaluated from their children's class values), so
+    the difference is the rounding of one re-ordered reduction: at most about K*eps*scale for a length-K sum,
+    ~sqrt(K)*eps*scale in practice. With contractions of length <= 8^3 (dims 1-8) and float32's eps of 6e-8
+    that stays under 3e-5*scale; 1e-4 keeps margin while an unsound rewrite (a swapped operand, a dropped op)
+    is off by a sizable fraction of the scale. Integers and booleans must agree exactly.
+    """
+    rtol = _RTOL.get(np.dtype(dtype).name)
+    return 0.0 if rtol is None else rtol * scale
+
+
+def _difference(want: Any, got: Any, scale: float) -> tuple[float, float] | None:
+    """(error, allowed) if `got` disagrees with `want`, else None; shapes and dtypes already match."""
+    w, g = np.asarray(want), np.asarray(got)
+    allowed = tolerance(w.dtype, scale)
+    if allowed == 0.0:
+        return None if np.array_equal(w, g) else (float(np.max(np.abs(w.astype(float) - g.astype(float)))), 0.0)
+    wide = np.complex128 if np.iscomplexobj(w) else np.float64
+    w, g = w.astype(wide), g.astype(wide)
+    finite = np.isfinite(w) & np.isfinite(g)
+    if not np.array_equal(w[~finite], g[~finite], equal_nan=True) or not np.array_equal(
+        np.isfinite(w), np.isfinite(g)
+    ):
+        return float("inf"), allowed
+    error = float(np.max(np.abs(w - g)[finite], initial=0.0))
+    return (error, allowed) if error > allowed else None
+
+
+def _magnitude(*values: Any) -> float:
+    """Largest finite |element| over the given arrays (non-arrays ignored)."""
+    scale = 0.0
+    for value in values:
+        if isinstance(value, jax.Array | np.ndarray) and value.size and np.issubdtype(value.dtype, np.number):
+            a = np.abs(np.asarray(value, dtype=np.complex128 if np.iscomplexobj(value) else np.float64))
+            scale = max(scale, float(np.max(a[np.isfinite(a)], initial=0.0)))
+    return scale
+
+
+def _apply(graph: Graph, env: dict[str, Any], op: str, attrs: tuple, args: list[Any]) -> Any:
+    """One node's value: the op table's lowering, or an opaque primitive re-bound, or a projection."""
+    if op == "Var":
+        return env[attrs[0]]
+    if op == "Op":
+        call = graph.opaque[attrs[0]]
+        return call.primitive.bind(*args, **call.params)
+    if op == "Get":
+        return args[0][attrs[0]]
+    return OPS[op].lower(attrs, *args)
+
+
+def _is_64bit(graph: Graph) -> bool:
+    return any(node.dtype is not None and node.dtype.endswith("64") for node in graph.nodes)
+
+
+def evaluate(graph: Graph, inputs: Sequence[Any]) -> list[Any]:
+    """The value of every node of the original program on these inputs."""
+    env = {graph.nodes[i].attrs[0]: np.asarray(x) for i, x in zip(graph.inputs, inputs, strict=True)}
+    env.update(graph.consts)
+    with jax.enable_x64(_is_64bit(graph)):
+        values: list[Any] = []
+        for node in graph.nodes:
+            values.append(_apply(graph, env, node.op, node.attrs, [values[i] for i in node.inputs]))
+    return values
+
+
+def check_egraph(graph: Graph, snapshot: Snapshot, inputs: Sequence[Any]) -> list[Disagreement]:
+    """Every e-node that type-checks on the inputs' values and disagrees with its e-class's value.
+
+    Original classes take the original program's values; a class first reached through a rewrite takes the
+    value of the first of its nodes evaluated. A node whose lowering raises or whose result's shape or dtype
+    differs from its class's is ill-typed: extraction never picks it, so it is skipped, not reported.
+    """
+    rules = tuple(sorted(rule for rule, count in snapshot.rule_matches.items() if count))
+    env = {graph.nodes[i].attrs[0]: np.asarray(x) for i, x in zip(graph.inputs, inputs, strict=True)}
+    env.update(graph.consts)
+    found: list[Disagreement] = []
+    by_class: dict[str, list[str]] = {}
+    for node in snapshot.nodes:
+        by_class.setdefault(node.eclass, []).append(node_text(node.op, node.attrs, node.children))
+
+    def report(node: Any, error: float, allowed: float) -> None:
+        texts = tuple(by_class.get(node.eclass, ()))
+        found.append(Disagreement(node.eclass, node.op, node.attrs, node.children, error, allowed, rules, texts))
+
+    values: dict[str, Any] = {}
+    for i, value in enumerate(evaluate(graph, inputs)):
+        cls = snapshot.orig[i]
+        if cls in values and isinstance(value, jax.Array | np.ndarray):  # duplicates capture merged: must agree
+            diff = _difference(values[cls], value, _magnitude(values[cls], value))
+            if diff:
+                report(next(n for n in snapshot.nodes if n.eclass == cls), *diff)
+        values.setdefault(cls, value)
+
+    with jax.enable_x64(_is_64bit(graph)):
+        pending = list(snapshot.nodes)
+        progress = True
+        while pending and progress:  # a pass per level of new classes; each node is evaluated once
+            progress, waiting = False, []
+            for node in pending:
+                if any(c not in values for c in node.children):
+                    waiting.append(node)
+                    continue
+                progress = True
+                args = [values[c] for c in node.children]
+                if node.op == "TNil" or node.op == "TCons":
+                    values.setdefault(node.eclass, () if node.op == "TNil" else (args[0], *args[1]))
+                    continue
+                if node.op == "Op":
+                    args = list(args[0])
+                try:
+                    out = _apply(graph, env, node.op, node.attrs, args)
+                except Exception:  # the lowering rejects these operands: ill-typed, never extracted
+                    continue
+                if not isinstance(out, jax.Array | np.ndarray):  # a multi-result opaque call: compared via Get
+                    values.setdefault(node.eclass, out)
+                    continue
+                want = values.get(node.eclass)
+                if want is None:
+                    shape, dtype = snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass)
+                    if (shape is None or tuple(out.shape) == shape) and (dtype is None or out.dtype.name == dtype):
+                        values[node.eclass] = out
+                    continue
+                if out.shape != want.shape or out.dtype != want.dtype:
+                    continue  # ill-typed for this class
+                diff = _difference(want, out, _magnitude(want, out, *args))
+                if diff:
+                    report(node, *diff)
+            pending = waiting
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Random programs
+
+DrawFn = Callable[[st.SearchStrategy[Any]], Any]
+
+
+@dataclass(frozen=True)
+class _Step:
+    label: str
+    fn: Callable[..., Any]  # the JAX computation of this value from its arguments' values
+    args: tuple[int, ...]
+
+
+@dataclass
+class Program:
+    """A random JAX program: values are inputs (a shape) or steps over earlier values; results are the sinks."""
+
+    dtype: str
+    values: list[Shape | _Step] = field(default_factory=list)
+    shapes: list[Shape] = field(default_factory=list)
+
+    def fresh(self, shape: Shape) -> int:
+        self.values.append(tuple(shape))
+        self.shapes.append(tuple(shape))
+        return len(self.values) - 1
+
+    def apply(self, label: str, fn: Callable[..., Any], *args: int) -> int:
+        """Append a step; its shape comes from tracing fn, so generators need not compute shapes."""
+        structs = [jax.ShapeDtypeStruct(self.shapes[a], self.dtype) for a in args]
+        with jax.enable_x64(self.dtype.endswith("64")):
+            out = jax.eval_shape(fn, *structs)
+        self.values.append(_Step(label, fn, tuple(args)))
+        self.shapes.append(tuple(out.shape))
+        return len(self.values) - 1
+
+    def pick(self, draw: DrawFn, ok: Callable[[Shape], bool], fresh: Shape) -> int:
+        """An earlier value whose shape is ok (sharing operands is what many rules need), or a fresh input."""
+        candidates = [i for i, s in enumerate(self.shapes) if ok(s)]
+        if candidates and draw(st.booleans()):
+            return draw(st.sampled_from(candidates))
+        return self.fresh(fresh)
+
+    @property
+    def input_shapes(self) -> list[Shape]:
+        return [v for v in self.values if not isinstance(v, _Step)]
+
+    def outputs(self) -> list[int]:
+        used = {a for v in self.values if isinstance(v, _Step) for a in v.args}
+        return [i for i, v in enumerate(self.values) if isinstance(v, _Step) and i not in used]
+
+    def __call__(self, *inputs: Any) -> list[Any]:
+        it = iter(inputs)
+        vals: list[Any] = []
+        for v in self.values:
+            vals.append(v.fn(*[vals[a] for a in v.args]) if isinstance(v, _Step) else next(it))
+        return [vals[i] for i in self.outputs()]
+
+    def random_inputs(self, seed: int) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        return [rng.standard_normal(s).astype(self.dtype) for s in self.input_shapes]
+
+    def __repr__(self) -> str:
+        lines, k = [f"dtype {self.dtype}"], 0
+        for i, v in enumerate(self.values):
+            if isinstance(v, _Step):
+                lines.append(f"v{i} = {v.label}({', '.join(f'v{a}' for a in v.args)}) : {self.shapes[i]}")
+            else:
+                lines.append(f"v{i} = input x{k} : {v}")
+                k += 1
+        return "\n".join(lines)
+
+
+def _dims(draw: DrawFn, n: int, lo: int = 1, hi: int = 8) -> Shape:
+    return tuple(draw(st.integers(lo, hi)) for _ in range(n))
+
+
+def _positive(prog: Program, x: int) -> int:
+    """exp(tanh(x)) lies in [1/e, e]: a safe argument for log, sqrt, rsqrt and division."""
+    return prog.apply("exp", lax.exp, prog.apply("tanh", lax.tanh, x))
+
+
+def _any(draw: DrawFn, prog: Program) -> int:
+    """Any earlier non-scalar value (conv outputs included), or a fresh rank 1-3 input."""
+    return prog.pick(draw, lambda s: len(s) >= 1, _dims(draw, draw(st.integers(1, 3))))
+
+
+def _unary(fn: Callable[..., Any], domain: str = "") -> Callable[[DrawFn, Program], int]:
+    def gen(draw: DrawFn, prog: Program) -> int:
+        x = _any(draw, prog)
+        if domain == "positive":
+            x = _positive(prog, x)
+        elif domain == "bounded":  # keeps exp from overflowing to inf, which re-association turns into NaN
+            x = prog.apply("tanh", lax.tanh, x)
+        return prog.apply(fn.__name__, fn, x)
+
+    return gen
+
+
+def _binary(fn: Callable[..., Any], positive_right: bool = False) -> Callable[[DrawFn, Program], int]:
+    def gen(draw: DrawFn, prog: Program) -> int:
+        a = _any(draw, prog)
+        shape = prog.shapes[a]
+        how = draw(st.sampled_from(["same", "scalar", "row"]))
+        if how == "scalar":  # a literal: captured as a scalar constant
+            c = draw(st.sampled_from([0.5, 2.0, -1.5]))
+            b = prog.apply(f"{fn.__name__}_{c}", lambda x: fn(x, np.asarray(c, x.dtype)), a)
+            return b
+        if how == "row":
+            b = _row(prog, shape)
+        else:
+            b = prog.pick(draw, lambda s: s == shape, shape)
+        if positive_right:
+            b = _positive(prog, b)
+        return prog.apply(fn.__name__, fn, a, b)
+
+    return gen
+
+
+def _dot_operands(draw: DrawFn, prog: Program) -> tuple[int, int]:
+    a = prog.pick(draw, lambda s: 1 <= len(s) <= 3, _dims(draw, draw(st.integers(1, 3))))
+    ra, k = len(prog.shapes[a]), prog.shapes[a][-1]
+    ok_rank = range(max(1, 2 - ra + 1), 5 - ra)  # result rank ra + rb - 2 in 1..3
+    rb = draw(st.sampled_from(list(ok_rank)))
+    b = prog.pick(draw, lambda s: len(s) in ok_rank and s[0] == k, (k, *_dims(draw, rb - 1)))
+    return a, b
+
+
+def _dot(a: Any, b: Any) -> Any:
+    return lax.dot_general(a, b, (((a.ndim - 1,), (0,)), ((), ())))
+
+
+def _dot_t(a: Any, b: Any) -> Any:
+    """a @ b.T with b a matrix: captured as (Dot a (MT b))."""
+    return lax.dot_general(a, b, (((a.ndim - 1,), (1,)), ((), ())))
+
+
+def _bdot(a: Any, b: Any) -> Any:
+    return lax.dot_general(a, b, (((2,), (1,)), ((0,), (0,))))
+
+
+def _bdot_t(a: Any, b: Any) -> Any:
+    """Batched a @ b^T: captured as (BatchDot a (MT b))."""
+    return lax.dot_general(a, b, (((2,), (2,)), ((0,), (0,))))
+
+
+def _gen_dot(draw: DrawFn, prog: Program) -> int:
+    return prog.apply("dot", _dot, *_dot_operands(draw, prog))
+
+
+def _gen_dot_t(draw: DrawFn, prog: Program) -> int:
+    a = _any(draw, prog)
+    k = prog.shapes[a][-1]
+    b = prog.pick(draw, lambda s: len(s) == 2 and s[1] == k, (draw(st.integers(1, 8)), k))
+    return prog.apply("dot_t", _dot_t, a, b)
+
+
+def _gen_batch_dot(draw: DrawFn, prog: Program) -> int:
+    a = prog.pick(draw, lambda s: len(s) == 3, _dims(draw, 3))
+    bsz, _, k = prog.shapes[a]
+    if draw(st.booleans()):
+        b = prog.pick(draw, lambda s: len(s) == 3 and s[0] == bsz and s[2] == k, (bsz, draw(st.integers(1, 8)), k))
+        return prog.apply("batch_dot_t", _bdot_t, a, b)
+    b = prog.pick(draw, lambda s: len(s) == 3 and s[:2] == (bsz, k), (bsz, k, draw(st.integers(1, 8))))
+    return prog.apply("batch_dot", _bdot, a, b)
+
+
+def _matrices(draw: DrawFn, prog: Program, batched: bool, n: int) -> list[Shape]:
+    """n chainable shapes: [B,] d0 x d1, d1 x d2, ..."""
+    d = _dims(draw, n + 1)
+    lead = _dims(draw, 1) if batched else ()
+    return [(*lead, d[i], d[i + 1]) for i in range(n)]
+
+
+def _gen_chain(draw: DrawFn, prog: Program) -> int:
+    """A three-operand product in a random association: what re-association and transposition rules match."""
+    batched = draw(st.booleans())
+    mul = _bdot if batched else _dot
+    a, b, c = (prog.fresh(s) for s in _matrices(draw, prog, batched, 3))
+    if draw(st.booleans()):
+        return prog.apply("dot", mul, prog.apply("dot", mul, a, b), c)
+    return prog.apply("dot", mul, a, prog.apply("dot", mul, b, c))
+
+
+def _gen_dot_sum(draw: DrawFn, prog: Program) -> int:
+    """x@w1 + y@w2 sharing the left operand, the right one, or neither: factoring and GEMM-merge patterns."""
+    batched = draw(st.booleans())
+    mul = _bdot if batched else _dot
+    xs, ws = _matrices(draw, prog, batched, 2)
+    x, w = prog.fresh(xs), prog.fresh(ws)
+    share = draw(st.sampled_from(["left", "right", "none"]))
+    y = x if share == "left" else prog.fresh(xs if share == "right" else (*xs[:-1], draw(st.integers(1, 8))))
+    v = w if share == "right" else prog.fresh((*prog.shapes[y][:-2], prog.shapes[y][-1], ws[-1]))
+    return prog.apply("add", lax.add, prog.apply("dot", mul, x, w), prog.apply("dot", mul, y, v))
+
+
+def _gen_dot_of_sum(draw: DrawFn, prog: Program) -> int:
+    """x@(w1 + w2) or (x1 + x2)@w: what the expanding distributivity rules match."""
+    batched = draw(st.booleans())
+    mul = _bdot if batched else _dot
+    xs, ws = _matrices(draw, prog, batched, 2)
+    if draw(st.booleans()):
+        return prog.apply("dot", mul, prog.fresh(xs), prog.apply("add", lax.add, prog.fresh(ws), prog.fresh(ws)))
+    return prog.apply("dot", mul, prog.apply("add", lax.add, prog.fresh(xs), prog.fresh(xs)), prog.fresh(ws))
+
+
+def _gen_transposed(draw: DrawFn, prog: Program) -> int:
+    """y @ t^T for t a product, a product with a transposed operand or a sum: (MT (Dot ..)), (MT (MT ..)) etc.,
+    what the transpose rules match."""
+    kind = draw(st.sampled_from(["dot", "dot_t", "add"]))
+    batched = draw(st.booleans()) and kind != "dot_t"
+    lead = _dims(draw, 1) if batched else ()
+    p, q, r, m = _dims(draw, 4)
+    a = prog.fresh((*lead, p, q))
+    if kind == "add":
+        t = prog.apply("add", lax.add, prog.pick(draw, lambda s: s == (*lead, p, q), (*lead, p, q)), a)
+        r = q
+    elif kind == "dot_t":
+        t = prog.apply("dot_t", _dot_t, a, prog.fresh((r, q)))
+    else:
+        t = prog.apply("dot", _bdot if batched else _dot, a, prog.fresh((*lead, q, r)))
+    y = prog.fresh((*lead, m, r))
+    return prog.apply("batch_dot_t" if batched else "dot_t", _bdot_t if batched else _dot_t, y, t)
+
+
+def _gen_shared_dots(draw: DrawFn, prog: Program) -> int:
+    """Two products of one input kept as separate results: what merging GEMMs that share an input matches."""
+    x = prog.fresh(_dims(draw, draw(st.integers(1, 3))))
+    k = prog.shapes[x][-1]
+    prog.apply("dot", _dot, x, prog.fresh((k, draw(st.integers(1, 8)))))
+    return prog.apply("dot", _dot, x, prog.fresh((k, draw(st.integers(1, 8)))))
+
+
+def _gen_concat(draw: DrawFn, prog: Program) -> int:
+    a = _any(draw, prog)
+    shape = prog.shapes[a]
+    axis = draw(st.integers(0, len(shape) - 1))
+    other = (*shape[:axis], draw(st.integers(1, 8)), *shape[axis + 1 :])
+    b = prog.pick(draw, lambda s: len(s) == len(shape) and s[:axis] + s[axis + 1 :] == shape[:axis] + shape[axis + 1 :], other)
+    return prog.apply(f"concat{axis}", lambda x, y: lax.concatenate([x, y], axis), a, b)
+
+
+def _gen_slice(draw: DrawFn, prog: Program) -> int:
+    a = _any(draw, prog)
+    shape = prog.shapes[a]
+    axis = draw(st.integers(0, len(shape) - 1))
+    start = draw(st.integers(0, shape[axis] - 1))
+    stop = draw(st.integers(start + 1, shape[axis]))
+    return prog.apply(f"slice{axis}[{start}:{stop}]", lambda x: lax.slice_in_dim(x, start, stop, axis=axis), a)
+
+
+def _gen_bcast(draw: DrawFn, prog: Program) -> int:
+    """broadcast_in_dim adding a leading axis."""
+    a = prog.pick(draw, lambda s: 1 <= len(s) <= 2, _dims(draw, draw(st.integers(1, 2))))
+    out = (draw(st.integers(1, 4)), *prog.shapes[a])
+    return prog.apply("bcast", lambda x: lax.broadcast_in_dim(x, out, tuple(range(1, len(out)))), a)
+
+
+def _row(prog: Program, shape: Shape) -> int:
+    """A fresh vector along the last axis broadcast to `shape`: a per-channel scale or bias."""
+    return prog.apply("bcast_row", lambda v: lax.broadcast_in_dim(v, shape, (len(shape) - 1,)), prog.fresh(shape[-1:]))
+
+
+def _gen_scale_shift(draw: DrawFn, prog: Program) -> int:
+    """layer(x) * scale + shift per output channel, layer a dense or conv layer: BatchNorm in inference form."""
+    if draw(st.booleans()):
+        y = _gen_conv(draw, prog)
+    else:
+        x = prog.pick(draw, lambda s: 1 <= len(s) <= 3, _dims(draw, draw(st.integers(1, 3))))
+        y = prog.apply("dot", _dot, x, prog.fresh((prog.shapes[x][-1], draw(st.integers(1, 8)))))
+    shape = prog.shapes[y]
+    scaled = prog.apply("mul", lax.mul, y, _row(prog, shape))
+    return prog.apply("add", lax.add, scaled, _row(prog, shape)) if draw(st.booleans()) else scaled
+
+
+def _conv_fn(strides: Shape, pad: str, dilation: Shape, groups: int) -> Callable[[Any, Any], Any]:
+    def conv(x: Any, k: Any) -> Any:
+        return lax.conv_general_dilated(
+            x, k, strides, pad, rhs_dilation=dilation, dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            feature_group_count=groups,
+        )
+
+    return conv
+
+
+def _conv_params(draw: DrawFn, prog: Program, x: int, groups: int) -> tuple[Shape, Callable[[Any, Any], Any], str]:
+    """A kernel shape that fits x's spatial size (no empty outputs) and the conv, with its label."""
+    _, h, w, cin = prog.shapes[x]
+    kh, kw = draw(st.integers(1, min(3, h))), draw(st.integers(1, min(3, w)))
+    dilation = (draw(st.integers(1, 2)) if 2 * (kh - 1) < h else 1, 1)
+    strides = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    pad = draw(st.sampled_from(["VALID", "SAME"]))
+    label = f"conv[strides={strides} {pad} dilation={dilation} groups={groups}]"
+    return (kh, kw, cin // groups, groups * draw(st.integers(1, 3))), _conv_fn(strides, pad, dilation, groups), label
+
+
+def _conv_input(draw: DrawFn, prog: Program, groups: int) -> int:
+    fresh = (draw(st.integers(1, 2)), draw(st.integers(3, 6)), draw(st.integers(3, 6)), groups * draw(st.integers(1, 3)))
+    return prog.pick(draw, lambda s: len(s) == 4 and s[3] % groups == 0 and min(s) > 0, fresh)
+
+
+def _gen_conv(draw: DrawFn, prog: Program) -> int:
+    """NHWC x HWIO convolution with random strides, padding, dilation and groups."""
+    groups = draw(st.sampled_from([1, 1, 2]))
+    x = _conv_input(draw, prog, groups)
+    kernel, conv, label = _conv_params(draw, prog, x, groups)
+    return prog.apply(label, conv, x, prog.pick(draw, lambda s: s == kernel, kernel))
+
+
+def _gen_sibling_convs(draw: DrawFn, prog: Program) -> int:
+    """Two convs of one input with one window, kept apart or concatenated on channels: conv-merge patterns."""
+    x = _conv_input(draw, prog, 1)
+    kernel, conv, label = _conv_params(draw, prog, x, 1)
+    other = (*kernel[:3], draw(st.integers(1, 3)))
+    a, b = prog.apply(label, conv, x, prog.fresh(kernel)), prog.apply(label, conv, x, prog.fresh(other))
+    if draw(st.booleans()):
+        return prog.apply("concat3", lambda p, q: lax.concatenate([p, q], 3), a, b)
+    return b
+
+
+def _gen_opaque(draw: DrawFn, prog: Program) -> int:
+    """Primitives the table does not model: an opaque call, and a multi-result one projected with Get."""
+    a = _any(draw, prog)
+    if draw(st.booleans()):
+        return prog.apply("sin", lax.sin, a)
+    b = prog.pick(draw, lambda s: s == prog.shapes[a], prog.shapes[a])
+    return prog.apply("sort_by", lambda x, y: lax.sort((x, y), num_keys=1)[1], a, b)
+
+
+# One entry per op of the table (the JAX that captures as it) or rule pattern; a new op needs one entry here.
+# Ops only rules create (Concat and Slice while capture does not model them) still get an entry: their JAX
+# is captured as an opaque call until capture learns them.
+GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
+    "Dot": _gen_dot,
+    "BatchDot": _gen_batch_dot,
+    "MT": _gen_dot_t,
+    "Add": _binary(lax.add),
+    "Sub": _binary(lax.sub),
+    "Mul": _binary(lax.mul),
+    "Div": _binary(lax.div, positive_right=True),
+    "Max": _binary(lax.max),
+    "Min": _binary(lax.min),
+    "Neg": _unary(lax.neg),
+    "Exp": _unary(lax.exp, "bounded"),
+    "Log": _unary(lax.log, "positive"),
+    "Tanh": _unary(lax.tanh),
+    "Logistic": _unary(lax.logistic),
+    "Sqrt": _unary(lax.sqrt, "positive"),
+    "Rsqrt": _unary(lax.rsqrt, "positive"),
+    "Concat": _gen_concat,
+    "Slice": _gen_slice,
+    "Bcast": _gen_bcast,
+    "Conv": _gen_conv,
+    "sibling-convs": _gen_sibling_convs,
+    "Op": _gen_opaque,
+    # rule patterns several ops make up
+    "chain": _gen_chain,
+    "dot-sum": _gen_dot_sum,
+    "dot-of-sum": _gen_dot_of_sum,
+    "shared-dots": _gen_shared_dots,
+    "transposed": _gen_transposed,
+    "scale-shift": _gen_scale_shift,
+}
+
+
+@st.composite
+def programs(
+    draw: DrawFn, dtypes: Sequence[str] = ("float32", "float64"), max_steps: int = 4, lead: str | None = None
+) -> Program:
+    """A random program of 1..max_steps generator entries (the first `lead` if given) over dims 1-8, one dtype."""
+    prog = Program(draw(st.sampled_from(list(dtypes))))
+    if lead is not None:
+        GENERATORS[lead](draw, prog)
+    for _ in range(draw(st.integers(0 if lead else 1, max_steps - (lead is not None)))):
+        GENERATORS[draw(st.sampled_from(sorted(GENERATORS)))](draw, prog)
+    return prog
+
+
+def check_program(
+    prog: Program, sources: list[RuleSource], seed: int = 0, limits: Limits = VERIFY_LIMITS
+) -> tuple[list[Disagreement], Snapshot, Graph]:
+    """Capture, saturate with `sources` and check every e-class on random normal inputs."""
+    inputs = prog.random_inputs(seed)
+    with jax.enable_x64(prog.dtype.endswith("64")):
+        graph = capture(jax.make_jaxpr(prog)(*inputs))
+    snapshot = saturate(graph, sources, limits)
+    return check_egraph(graph, snapshot, inputs), snapshot, graph
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rules over many programs
+
+
+@dataclass
+class RuleStat:
+    name: str  # the :name, else egglog's text of the rule; "=>" / "<=" for the two directions of a birewrite
+    group: str
+    fired: int = 0
+    unsound: bool = False  # reproduced a disagreement on its own
+
+    @property
+    def verdict(self) -> str:
+        if self.unsound:
+            return "UNSOUND"
+        return "ok" if self.fired else "never fired"
+
+
+@dataclass
+class Report:
+    rules: list[RuleStat]
+    disagreements: list[Disagreement]
+    errors: list[str]  # programs whose saturation failed (a rule equating different shapes, ...)
+    programs: int
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.disagreements and not self.errors and all(r.fired for r in self.rules)
+
+    def table(self) -> str:
+        width = min(60, max((len(r.name) for r in self.rules), default=4))
+        group = max((len(r.group) for r in self.rules), default=5)
+        lines = [f"{'rule':<{width}}  {'group':<{group}}  {'fired':>7}  verdict"]
+        for r in self.rules:
+            name = r.name if len(r.name) <= width else r.name[: width - 3] + "..."
+            lines.append(f"{name:<{width}}  {r.group:<{group}}  {r.fired:>7}  {r.verdict}")
+        lines.append(
+            f"{len(self.rules)} rules, {self.programs} programs, {len(self.disagreements)} disagreeing e-classes, "
+            f"{self.seconds:.1f} s"
+        )
+        return "\n".join(lines)
+
+
+def rule_names(src: RuleSource) -> list[str]:
+    """The names saturation reports each rule's matches under, in file order."""
+    names = []
+    for command in egg.EGraph().parse_program(src.text, filename=src.origin):
+        if hasattr(command, "rewrite"):
+            name = command.rewrite.name or " ".join(str(command).split())
+            if type(command).__name__ == "BiRewriteCommand":
+                names += [f"{name}=>", f"{name}<="]
+            else:
+                names.append(name)
+        elif hasattr(command, "rule"):
+            names.append(command.rule.name or str(command))
+    return names
+
+
+def _single_rule_sources(sources: list[RuleSource], rule: str) -> list[RuleSource] | None:
+    """The sources with every rule but `rule` left out (declarations kept): to find which rule is unsound."""
+    out, found = [], False
+    for src in sources:
+        raw = src.text.encode()
+        kept = []
+        for command in egg.EGraph().parse_program(src.text, filename=src.origin):
+            inner = getattr(command, "rewrite", None) or getattr(command, "rule", None)
+            span = getattr(inner if inner is not None else command, "span", None)
+            if span is None:
+                return None
+            text = raw[span.i : span.j].decode()
+            if inner is None or rule in rule_names(RuleSource(src.name, src.origin, text)):
+                kept.append(text)
+                found = found or inner is not None
+        out.append(RuleSource(src.name, src.origin, "\n".join(kept)))
+    return out if found else None
+
+
+def check_rules(
+    sources: list[RuleSource], examples: int = 100, limits: Limits = VERIFY_LIMITS, max_steps: int = 4
+) -> Report:
+    """Saturate `examples` random programs with the rules and check every e-class; count each rule's matches.
+
+    Deterministic (hypothesis derandomized). A disagreement's program is re-saturated with each rule that fired
+    alone, and those that reproduce it are marked unsound.
+    """
+    start = time.perf_counter()
+    stats = {name: RuleStat(name, src.name) for src in sources for name in rule_names(src)}
+    found: list[Disagreement] = []
+    errors: list[str] = []
+    count = 0
+    run_settings = settings(
+        max_examples=max(1, -(-examples // len(GENERATORS))),
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+
+    def run(prog: Program, seed: int) -> None:
+        nonlocal count
+        count += 1
+        try:
+            bad, snapshot, _ = check_program(prog, sources, seed, limits)
+        except EqsatError as error:
+            errors.append(f"{error}\n  program: {prog!r}".replace("\n", "\n  "))
+            return
+        for rule, matches in snapshot.rule_matches.items():
+            stats.setdefault(rule, RuleStat(rule, "?")).fired += matches
+        if bad:
+            suspects = tuple(_reproducing(prog, sources, seed, limits, bad[0].rules))
+            for name in suspects:
+                stats[name].unsound = True
+            found.extend(Disagreement(**{**d.__dict__, "program": repr(prog), "suspects": suspects}) for d in bad)
+
+    # each generator entry leads its share of the programs, so every op and rule pattern is exercised
+    for lead in sorted(GENERATORS):
+        run_settings(given(programs(max_steps=max_steps, lead=lead), st.integers(0, 2**31 - 1))(run))()
+    return Report(list(stats.values()), found, errors, count, time.perf_counter() - start)
+
+
+def _reproducing(
+    prog: Program, sources: list[RuleSource], seed: int, limits: Limits, fired: tuple[str, ...]
+) -> list[str]:
+    """The rules among `fired` that make the program disagree on their own."""
+    culprits = []
+    for rule in fired:
+        alone = _single_rule_sources(sources, rule)
+        if alone is None:
+            continue
+        try:
+            if check_program(prog, alone, seed, limits)[0]:
+                culprits.append(rule)
+        except EqsatError:
+            continue
+    return culprits
+
+
+def run_check(files: Sequence[str], examples: int = 100) -> int:
+    """`python -m eqsat rules check [FILE...]`: the built-in groups plus the files; 0 when every rule fired
+    and no e-class disagreed, 1 otherwise."""
+    report = check_rules(collect(list(files)), examples)
+    print(report.table())
+    for d in report.disagreements:
+        print()
+        print(d.describe())
+    for error in report.errors:
+        print(f"\nsaturation failed: {error}")
+    silent = [r.name for r in report.rules if not r.fired]
+    if silent:
+        print(f"\nnever fired on {report.programs} programs (its left-hand side needs a generator): {silent}")
+    return 0 if report.ok else 1
