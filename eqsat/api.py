@@ -14,16 +14,21 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.extend import core as jcore
 
 from backends.lower import lower, weight_boundary
 from eqsat import rules as rule_sources
 from eqsat.capture import capture
 from eqsat.errors import CaptureError
+from eqsat.ir import Graph, Opaque
 from eqsat.saturate import Limits, saturate
 from extract.cost import load_profile
 from extract.plan import Plan, build_plan
 
 log = logging.getLogger("eqsat")
+
+
+_BODY_PARAMS = ("jaxpr", "cond_jaxpr", "body_jaxpr")  # sub-programs of scan, while, remat (cond: branches)
 
 
 class EqsatWarning(UserWarning):
@@ -208,6 +213,7 @@ class Optimized:
                     "eqsat accepts what jax.jit accepts: mark Python-valued arguments with static_argnums."
                 ) from error
             graph = capture(closed)
+            self._optimize_bodies(graph)
             t1 = time.perf_counter()
             snapshot = saturate(graph, self.rules, self.limits)
             self._saturated[key] = (flat_fun, out_tree(), graph, snapshot, t1 - t0, time.perf_counter() - t1)
@@ -222,6 +228,33 @@ class Optimized:
             return _Entry(plan, original, original, out_tree, validated=True)
         optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
         return _Entry(plan, optimized, original, out_tree, validated=not self.validate)
+
+    def _optimize_bodies(self, graph: Graph) -> None:
+        """Optimize the bodies of scan, while, cond and remat calls as programs of their own, in place."""
+        for k, call in enumerate(graph.opaque):
+            changed = {}
+            for name, value in call.params.items():
+                if name in _BODY_PARAMS and isinstance(value, jcore.Jaxpr):
+                    changed[name] = self._optimize_body(value)
+                elif name == "branches" and isinstance(value, tuple):
+                    changed[name] = tuple(self._optimize_body(b) for b in value)
+            changed = {name: v for name, v in changed.items() if v is not call.params[name]}
+            if changed:
+                graph.opaque[k] = Opaque(call.primitive, {**call.params, **changed}, call.multiple_results)
+                graph.bodies_rewritten += 1
+
+    def _optimize_body(self, body: jcore.Jaxpr) -> jcore.Jaxpr:
+        """The body re-planned, or the body itself when nothing changed or the result would not fit in its place."""
+        graph = capture(body)
+        self._optimize_bodies(graph)
+        plan = build_plan(graph, saturate(graph, self.rules, self.limits), self.profile, frozenset(), self.extractor)
+        if plan.unchanged:
+            return body
+        inner = body.jaxpr
+        avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in inner.invars]
+        new = jax.make_jaxpr(lower(plan))(*avals)
+        same_type = [_type(v) for v in new.jaxpr.outvars] == [_type(v) for v in inner.outvars]
+        return new if same_type and not new.consts and not inner.constvars else body
 
     def _param_names(self, args: tuple) -> frozenset[str]:
         """The graph's Var names of the flat leaves that belong to parameter arguments."""
@@ -297,6 +330,11 @@ def optimize(
             f"eqsat.optimize expects a callable (a function of JAX arrays), got {type(fun).__name__}: {fun!r:.80}"
         )
     return Optimized(fun, **settings)
+
+
+def _type(var: Any) -> tuple:
+    """Shape and dtype, not weak type: what a loop or branch body must keep."""
+    return (getattr(var.aval, "shape", None), getattr(var.aval, "dtype", None))
 
 
 def _as_tuple(argnums: int | Sequence[int]) -> tuple[int, ...]:

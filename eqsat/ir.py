@@ -34,6 +34,7 @@ class Graph:
     effects: list[int] = field(default_factory=list)  # effectful nodes kept alive though nothing uses them
     consts: dict[str, np.ndarray] = field(default_factory=dict)  # Var name -> value
     opaque: list[Opaque] = field(default_factory=list)
+    bodies_rewritten: int = 0  # opaque calls (scan, while, cond, remat) whose bodies eqsat re-planned
 
     def add(self, node: Node) -> int:
         self.nodes.append(node)

@@ -54,7 +54,11 @@ class Plan:
     @property
     def unchanged(self) -> bool:
         """The plan is the original program, node for node."""
-        return not self.rewritten_ops() and len(self.nodes) == self.stats.get("original_nodes")
+        return (
+            not self.rewritten_ops()
+            and len(self.nodes) == self.stats.get("original_nodes")
+            and not self.stats.get("bodies_rewritten")
+        )
 
     def rules_involved(self) -> list[str]:
         """Fired rules whose text mentions an op the plan rewrote: the suspects when a plan is wrong."""
@@ -227,6 +231,7 @@ def _assemble(
         stop_reason=snapshot.stop_reason,
         stats={
             "original_nodes": len(_reachable(graph)),
+            "bodies_rewritten": graph.bodies_rewritten,
             "iterations": snapshot.iterations,
             "enodes": len(nodes),
             "eclasses": snapshot.num_classes,

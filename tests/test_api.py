@@ -187,3 +187,22 @@ def test_targets_differ_where_the_hardware_does():
     assert "Concat" not in plans["cpu"].rewritten_ops()
     prepared = eqsat.optimize(cell, target="h100", params_argnums=0).prepare(w)
     _close(prepared(x, h), cell(w, x, h))
+
+
+def test_bodies_of_scan_while_cond_and_remat_are_optimized():
+    def f(a, b, vs, x):
+        s = jax.lax.scan(lambda c, v: (c, (a @ b) @ v), 0.0, vs)[1]
+        w = jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, (a @ b) @ c[1]), (0, vs[0]))[1]
+        c = jax.lax.cond(x > 0, lambda v: (a @ b) @ v, lambda v: v, vs[0])
+        r = jax.checkpoint(lambda v: (a @ b) @ v)(vs[0])
+        return s, w, c, r
+
+    key = jax.random.PRNGKey(6)
+    a, b = jax.random.normal(key, (16, 16)) / 4, jax.random.normal(key, (16, 16)) / 4
+    args = (a, b, jax.random.normal(key, (3, 16, 2)), 1.0)
+    fast = eqsat.optimize(f)
+    _close(fast(*args), f(*args))
+    plan = fast.plan(*args)
+    assert plan.stats["bodies_rewritten"] == 4
+    assert plan.fallback is None
+    _close(jax.grad(lambda a: fast(a, *args[1:])[3].sum())(a), jax.grad(lambda a: f(a, *args[1:])[3].sum())(a))
