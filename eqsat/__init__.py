@@ -5,6 +5,7 @@ y = fast(*args)                  # same result as f(*args), faster where the rul
 plan = fast.plan(*args)          # the extracted plan for these argument shapes
 """
 
+from backends.memory import fit_budget
 from eqsat.api import EqsatWarning, Optimized, optimize
 from eqsat.errors import CaptureError, EqsatError, RuleError, ShapeConflictError
 from eqsat.saturate import Limits
@@ -19,5 +20,6 @@ __all__ = [
     "Plan",
     "RuleError",
     "ShapeConflictError",
+    "fit_budget",
     "optimize",
 ]

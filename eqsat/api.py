@@ -17,6 +17,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from backends.lower import lower, weight_boundary
+from backends.memory import MemoryReport, memory_report
 from eqsat import rules as rule_sources
 from eqsat.capture import capture
 from eqsat.errors import CaptureError
@@ -173,6 +174,14 @@ class Optimized:
         call runs, which prices weight-only work as the per-call work it is."""
         flat, key = self._flatten(args)
         return self._entry(args, flat, key, bool(self.params_argnums) if prepared is None else prepared).plan
+
+    def memory(self, *args: Any) -> MemoryReport:
+        """Memory of the plan for these arguments: liveness, best-fit arena, lower bound, a memory-aware order
+        (our model) and XLA's own figure of the compiled program; also kept in the plan's summary."""
+        flat, key = self._flatten(args)
+        entry = self._entry(args, flat, key)
+        entry.plan.memory = memory_report(entry.plan, entry.call, flat)
+        return entry.plan.memory
 
     def _flatten(self, args: tuple) -> tuple[list[Any], Any]:
         for i in self.static_argnums:

@@ -2,13 +2,16 @@
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eqsat.ir import Graph, Shape
 from eqsat.ops import OPS, infer
 from eqsat.saturate import ENode, Snapshot
 from extract.cost import Cost, Profile, node_cost
 from extract.extractors import extract
+
+if TYPE_CHECKING:
+    from backends.memory import MemoryReport
 
 _STRUCTURAL = {"TCons", "TNil", "Get", "Var"}  # carry no cost and need no shape check
 
@@ -39,6 +42,7 @@ class Plan:
     graph: Graph | None = field(default=None, repr=False, compare=False)  # opaque calls and constants
     fallback: str | None = None  # why the original program runs instead, if it does
     extraction: dict[str, Any] = field(default_factory=dict)  # method chosen, greedy / ILP costs, optimality
+    memory: "MemoryReport | None" = field(default=None, repr=False, compare=False)  # Optimized.memory() fills it
 
     @property
     def predicted_speedup(self) -> float:
@@ -84,6 +88,8 @@ class Plan:
             lines.append(f"  rules fired      {fired}")
         if self.rewritten_ops():
             lines.append(f"  rewritten ops    {self.rewritten_ops()}")
+        if self.memory:
+            lines.append(self.memory.summary())
         if self.fallback:
             lines.append(f"  FALLBACK         {self.fallback}")
         return "\n".join(lines)

@@ -206,3 +206,12 @@ def test_bodies_of_scan_while_cond_and_remat_are_optimized():
     assert plan.stats["bodies_rewritten"] == 4
     assert plan.fallback is None
     _close(jax.grad(lambda a: fast(a, *args[1:])[3].sum())(a), jax.grad(lambda a: f(a, *args[1:])[3].sum())(a))
+
+
+def test_memory_report_in_the_plan():
+    work = EXAMPLES["distributivity"]("small")
+    fast = eqsat.optimize(work.fn)
+    report = fast.memory(*work.args)
+    assert report.lower_bound <= report.planned_peak <= 1.05 * report.lower_bound
+    assert report.xla["total"] > 0
+    assert "best-fit arena" in fast.plan(*work.args).summary()
