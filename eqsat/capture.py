@@ -111,6 +111,23 @@ def _model_concat(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple
     return "Concat", (axis,), [acc, inputs[-1]]
 
 
+def _model_transpose(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    return "Transpose", (tuple(int(p) for p in eqn.params["permutation"]),), inputs
+
+
+def _model_reshape(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    if eqn.params.get("dimensions") is not None or eqn.params.get("sharding") is not None:
+        return None
+    return "Reshape", (tuple(int(d) for d in eqn.params["new_sizes"]),), inputs
+
+
+def _model_reduce(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    axes = tuple(eqn.params["axes"])
+    if len(axes) != 1 or eqn.params.get("out_sharding") is not None:
+        return None
+    return {"reduce_sum": "ReduceSum", "reduce_max": "ReduceMax"}[eqn.primitive.name], (int(axes[0]),), inputs
+
+
 def _model_bcast(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
     if eqn.params.get("sharding") is not None:
         return None
@@ -196,4 +213,8 @@ _SPECIAL = {
     "conv_general_dilated": _model_conv,
     "broadcast_in_dim": _model_bcast,
     "concatenate": _model_concat,
+    "transpose": _model_transpose,
+    "reshape": _model_reshape,
+    "reduce_sum": _model_reduce,
+    "reduce_max": _model_reduce,
 }

@@ -96,6 +96,23 @@ def _out_size(size: str, pad_a: str, pad_b: str, kernel: str, dilation: str, str
     return f"(+ (/ (- (+ {size} (+ {pad_a} {pad_b})) {span}) {stride}) 1)"
 
 
+def _per_rank_shape_rules(pattern: str, dim: str, max_rank: int = 6) -> tuple[str, ...]:
+    """A shape rule per rank, `dim` giving output axis {i}: egglog has no map over a vector."""
+    rules = []
+    for rank in range(1, max_rank + 1):
+        dims = " ".join(dim.format(i=i) for i in range(rank))
+        rules.append(
+            f"(rule ((= e {pattern}) (= sa (shape a)) (= (vec-length sa) {rank}) (= (vec-length k0) {rank}))"
+            f" ((set (shape e) (vec-of {dims}))))"
+        )
+    return tuple(rules)
+
+
+def _zero_pad(attrs: tuple, a: Any) -> Any:
+    low, high = attrs
+    return lax.pad(a, lax.full((), 0, a.dtype), [(lo, hi, 0) for lo, hi in zip(low, high, strict=True)])
+
+
 def _slice(attrs: tuple, a: Any) -> Any:
     axis, start, stop = attrs
     return lax.slice_in_dim(a, start, stop, axis=axis)
@@ -191,6 +208,49 @@ OPS: dict[str, OpSpec] = {
                 " ((set (shape e) (vec-set (vec-set sa (- n 1) (vec-get sa (- n 2)))"
                 " (- n 2) (vec-get sa (- n 1))))))",
             ),
+        ),
+        # (Transpose permutation a)
+        OpSpec(
+            "Transpose",
+            ("Shape",),
+            1,
+            "elementwise",
+            lambda attrs, a: lax.transpose(a, tuple(attrs[0])),
+            _per_rank_shape_rules("(Transpose k0 a)", "(vec-get sa (vec-get k0 {i}))"),
+            ("transpose",),
+        ),
+        # (Pad low high a): zero padding of each axis, used by rules (enlarging a kernel), not captured
+        OpSpec(
+            "Pad",
+            ("Shape", "Shape"),
+            1,
+            "elementwise",
+            _zero_pad,
+            _per_rank_shape_rules("(Pad k0 k1 a)", "(+ (vec-get sa {i}) (+ (vec-get k0 {i}) (vec-get k1 {i})))"),
+        ),
+        # (Reshape new_shape a): sizes are trusted, egglog cannot multiply a vector out
+        OpSpec(
+            "Reshape",
+            ("Shape",),
+            1,
+            "elementwise",
+            lambda attrs, a: lax.reshape(a, tuple(attrs[0])),
+            ("(rule ((= e (Reshape k0 a)) (= sa (shape a))) ((set (shape e) k0)))",),
+        ),
+        # single-axis reductions: (ReduceSum axis a), (ReduceMax axis a)
+        *(
+            OpSpec(
+                name,
+                ("i64",),
+                1,
+                "elementwise",
+                lambda attrs, a, fn=fn: fn(a, (attrs[0],)),
+                (
+                    f"(rule ((= e ({name} k0 a)) (= sa (shape a)) (>= k0 0) (< k0 (vec-length sa)))"
+                    " ((set (shape e) (vec-remove sa k0))))",
+                ),
+            )
+            for name, fn in (("ReduceSum", lax.reduce_sum), ("ReduceMax", lax.reduce_max))
         ),
         # (Concat axis a b)
         OpSpec(
