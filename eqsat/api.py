@@ -18,10 +18,12 @@ from jax.extend import core as jcore
 
 from backends.lower import lower, weight_boundary
 from backends.memory import MemoryReport, memory_report
+from eqsat import progress
 from eqsat import rules as rule_sources
 from eqsat.capture import capture
 from eqsat.errors import CaptureError
 from eqsat.ir import Graph, Opaque
+from eqsat.measure import median_time
 from eqsat.saturate import Limits, saturate
 from extract.cost import load_profile
 from extract.plan import Plan, build_plan
@@ -75,6 +77,7 @@ class Optimized:
         validate: bool,
         limits: Limits | None,
         extractor: str,
+        autotune: int,
     ) -> None:
         self.fun = fun
         self.profile = load_profile(target)
@@ -88,6 +91,7 @@ class Optimized:
         if extractor not in ("greedy", "ilp", "auto"):
             raise ValueError(f"extractor must be 'greedy', 'ilp' or 'auto', got {extractor!r}")
         self.extractor = extractor
+        self.autotune = autotune
         self._cache: dict[Any, _Entry] = {}
         self._unvalidated: list[_Entry] = []  # plans built since the last validation
         self._saturated: dict[Any, tuple] = {}  # signature -> flat function, output tree, graph, e-graph, times
@@ -214,6 +218,7 @@ class Optimized:
         t0 = time.perf_counter()
         if key not in self._saturated:
             flat_fun, out_tree = _flat_function(self.fun, args, self.static_argnums)
+            progress.begin("capture", f"capture {name}")
             try:
                 closed = jax.make_jaxpr(flat_fun)(*flat)
             except Exception as error:
@@ -224,19 +229,53 @@ class Optimized:
             graph = capture(closed)
             self._optimize_bodies(graph)
             t1 = time.perf_counter()
+            progress.begin("saturate", f"saturate {len(graph.nodes)} nodes", total=self.limits.iterations)
             snapshot = saturate(graph, self.rules, self.limits)
             self._saturated[key] = (flat_fun, out_tree(), graph, snapshot, t1 - t0, time.perf_counter() - t1)
         flat_fun, out_tree, graph, snapshot, capture_s, saturate_s = self._saturated[key]
         t2 = time.perf_counter()
         params = self._param_names(args) if prepared else frozenset()
+        progress.begin("extract", f"extract ({self.extractor}{', weights prepared' if prepared else ''})")
         plan = build_plan(graph, snapshot, self.profile, params, self.extractor)
         plan.stats.update(capture_s=capture_s, saturate_s=saturate_s, extract_s=time.perf_counter() - t2)
         log.info("eqsat: %s\n%s", name, plan.summary())
         original = jax.jit(flat_fun)
-        if plan.unchanged:  # nothing to gain: run the original program exactly as jax.jit would
+        if self.autotune and not plan.unchanged:
+            plan = self._autotune(plan, graph, snapshot, params, flat, original)
+        if plan.unchanged or plan.fallback:  # nothing to gain: run the original program exactly as jax.jit would
             return _Entry(plan, original, original, out_tree, validated=True)
         optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
         return _Entry(plan, optimized, original, out_tree, validated=not self.validate)
+
+    def _autotune(
+        self, best: Plan, graph: Graph, snapshot: Any, params: frozenset[str], flat: list[Any], original: Any
+    ) -> Plan:
+        """Measure the `autotune` best distinct candidates (by predicted time) and the original; keep the fastest.
+
+        Candidates: the plan, and plans extracted with each kind of rewritten op forbidden, and with all of them."""
+        rewritten = frozenset(best.rewritten_ops())
+        bans = [frozenset({op}) for op in sorted(rewritten)] + ([rewritten] if len(rewritten) > 1 else [])
+        candidates = {_shape_of(best): ("extracted plan", best)}
+        for ban in bans:
+            plan = build_plan(graph, snapshot, self.profile, params, self.extractor, forbid=ban)
+            candidates.setdefault(_shape_of(plan), (f"without new {'/'.join(sorted(ban))}", plan))
+        ranked = sorted(candidates.values(), key=lambda c: c[1].predicted.seconds)[: self.autotune]
+        concrete = [_example_like(x, i) if isinstance(x, jax.core.Tracer) else x for i, x in enumerate(flat)]
+        rows = [("original (jax.jit)", None, best.original.seconds, median_time(original, concrete, 0.3))]
+        for label, plan in ranked:
+            boundary = weight_boundary(plan) if params else []
+            weights = jax.jit(lower(plan, outputs=boundary))(*concrete) if boundary else []
+            run = jax.jit(lower(plan, given=boundary))
+            rows.append((label, plan, plan.predicted.seconds, median_time(run, (*concrete, *weights), 0.3)))
+        label, chosen, _, _ = min(rows, key=lambda r: r[3])
+        chosen = chosen or best
+        chosen.autotune = [
+            {"label": lab, "predicted_s": pred, "measured_s": meas, "chosen": lab == label}
+            for lab, _, pred, meas in rows
+        ]
+        if label.startswith("original"):
+            chosen.fallback = "auto-tuning measured the original program fastest"
+        return chosen
 
     def _optimize_bodies(self, graph: Graph) -> None:
         """Optimize the bodies of scan, while, cond and remat calls as programs of their own, in place."""
@@ -285,6 +324,7 @@ class Optimized:
         Returns whether it fell back."""
         if any(isinstance(x, jax.core.Tracer) for x in flat):
             flat = [_example_like(x, i) for i, x in enumerate(flat)]
+        progress.begin("validate", "validate: compile and compare with the original")
         problem = _mismatch(entry.original(*flat), entry.call(*flat))
         entry.validated = True
         if problem:
@@ -311,6 +351,7 @@ def optimize(
     validate: bool = True,
     limits: Limits | None = None,
     extractor: str = "auto",
+    autotune: int = 0,
 ) -> Any:
     """Optimize a JAX function by equality saturation; use as `optimize(f, ...)` or `@optimize(...)`.
 
@@ -320,7 +361,8 @@ def optimize(
     them alone (concatenating, folding) is then priced as free, and `fast.prepare(params)` does it once.
     validate: compare with the original on the first call of each signature and fall back to it, with a
     warning, on a mismatch. limits: bounds on saturation (eqsat.Limits). extractor: "greedy" (greedy DAG),
-    "ilp" (exact, HiGHS) or "auto" (both within a time budget, the cheaper kept).
+    "ilp" (exact, HiGHS) or "auto" (both within a time budget, the cheaper kept). autotune: compile and measure
+    this many of the best distinct candidate plans (and the original) on this device and keep the fastest.
     """
     settings = dict(
         target=target,
@@ -331,6 +373,7 @@ def optimize(
         validate=validate,
         limits=limits,
         extractor=extractor,
+        autotune=autotune,
     )
     if fun is None:
         return functools.partial(optimize, **settings)
@@ -339,6 +382,11 @@ def optimize(
             f"eqsat.optimize expects a callable (a function of JAX arrays), got {type(fun).__name__}: {fun!r:.80}"
         )
     return Optimized(fun, **settings)
+
+
+def _shape_of(plan: Plan) -> tuple:
+    """What tells two candidate plans apart: their nodes, without costs."""
+    return tuple((n.op, n.inputs, n.attrs) for n in plan.nodes)
 
 
 def _type(var: Any) -> tuple:

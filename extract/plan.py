@@ -43,6 +43,7 @@ class Plan:
     fallback: str | None = None  # why the original program runs instead, if it does
     extraction: dict[str, Any] = field(default_factory=dict)  # method chosen, greedy / ILP costs, optimality
     memory: "MemoryReport | None" = field(default=None, repr=False, compare=False)  # Optimized.memory() fills it
+    autotune: list[dict[str, Any]] = field(default_factory=list)  # candidates: label, predicted and measured s
 
     @property
     def predicted_speedup(self) -> float:
@@ -90,6 +91,12 @@ class Plan:
             lines.append(f"  rewritten ops    {self.rewritten_ops()}")
         if self.memory:
             lines.append(self.memory.summary())
+        for row in self.autotune:
+            mark = "<- chosen" if row["chosen"] else ""
+            lines.append(
+                f"  autotune         {row['label']:<28} predicted {row['predicted_s'] * 1e3:8.3f} ms  "
+                f"measured {row['measured_s'] * 1e3:8.3f} ms {mark}"
+            )
         if self.fallback:
             lines.append(f"  FALLBACK         {self.fallback}")
         return "\n".join(lines)
@@ -105,17 +112,24 @@ def build_plan(
     params: frozenset[str] = frozenset(),
     extractor: str = "auto",
     time_limit: float = 1.0,
+    forbid: frozenset[str] = frozenset(),
 ) -> Plan:
     """Extract the cheapest well-typed program; nodes whose lowering does not type-check are banned.
 
     params: the Var names of declared parameters. Nodes computed from parameters and constants alone are
     then free, since `prepare` runs them once. extractor: "greedy", "ilp" or "auto" (greedy, then the ILP
-    warm-started from it within time_limit seconds, keeping the cheaper).
+    warm-started from it within time_limit seconds, keeping the cheaper). forbid: ops that may not appear
+    rewritten (auto-tuning's way to draw distinct candidates).
     """
     nodes = snapshot.nodes
     weight = _weight_nodes(nodes, params) if params else [False] * len(nodes)
     costs = [_cost(node, snapshot, profile) for node in nodes]
     costs = [0.0 if w and math.isfinite(c) else c for c, w in zip(costs, weight, strict=True)]
+    if forbid:
+        kept = _original_keys(graph, snapshot)
+        for i, node in enumerate(nodes):
+            if node.op in forbid and _key(node) not in kept:
+                costs[i] = math.inf
     roots = [snapshot.orig[i] for i in graph.roots()]
     for _ in range(20):
         choice, report = extract(nodes, costs, roots, extractor, time_limit)
@@ -220,8 +234,7 @@ def _assemble(
         in_shapes = [plan_nodes[j].shape for j in inputs]
         free = node.op in _STRUCTURAL or weight[i]
         cost = Cost() if free else node_cost(node.op, in_shapes, shape, dtype, profile)
-        key = (node.eclass, node.op, tuple(node.attrs), () if node.op == "Op" else node.children)
-        rewritten = key not in kept
+        rewritten = _key(node) not in kept
         plan_nodes.append(PlanNode(node.op, inputs, tuple(node.attrs), shape, dtype, cost, rewritten, weight[i]))
         index[node.eclass] = len(plan_nodes) - 1
     predicted = Cost()
@@ -236,7 +249,7 @@ def _assemble(
         original=original_cost(graph, profile),
         stop_reason=snapshot.stop_reason,
         stats={
-            "original_nodes": len(_reachable(graph)),
+            "original_nodes": len(reachable(graph)),
             "bodies_rewritten": graph.bodies_rewritten,
             "iterations": snapshot.iterations,
             "enodes": len(nodes),
@@ -247,7 +260,8 @@ def _assemble(
     )
 
 
-def _reachable(graph: Graph) -> set[int]:
+def reachable(graph: Graph) -> set[int]:
+    """The nodes the program's outputs and effects depend on (capture can leave dead ones behind)."""
     seen: set[int] = set()
     stack = graph.roots()
     while stack:
@@ -256,6 +270,10 @@ def _reachable(graph: Graph) -> set[int]:
             seen.add(i)
             stack.extend(graph.nodes[i].inputs)
     return seen
+
+
+def _key(node: ENode) -> tuple:
+    return (node.eclass, node.op, tuple(node.attrs), () if node.op == "Op" else node.children)
 
 
 def _original_keys(graph: Graph, snapshot: Snapshot) -> set[tuple]:

@@ -230,3 +230,13 @@ def test_bert_qkv_merged_for_h100_not_for_cpu():
     assert not any(n.op == "Dot" and n.shape[-1] == 3 * hidden for n in plans["cpu"].nodes)
     lines = diff(plans["cpu"], plans["h100"], names=("cpu", "h100"))  # says why, op by op
     assert any(line.startswith("Dot ") and f"x{3 * hidden} float32: 0 -> " in line for line in lines)
+
+
+def test_autotune_measures_candidates_and_records_them():
+    work = EXAMPLES["distributivity"]("small")
+    fast = eqsat.optimize(work.fn, autotune=3)
+    _close(fast(*work.args), work.fn(*work.args))
+    rows = fast.plan(*work.args).autotune
+    assert rows[0]["label"].startswith("original") and len(rows) >= 3
+    assert sum(r["chosen"] for r in rows) == 1
+    assert all(r["measured_s"] > 0 for r in rows)
