@@ -236,7 +236,7 @@ class Optimized:
         t2 = time.perf_counter()
         params = self._param_names(args) if prepared else frozenset()
         progress.begin("extract", f"extract ({self.extractor}{', weights prepared' if prepared else ''})")
-        plan = build_plan(graph, snapshot, self.profile, params, self.extractor)
+        plan = build_plan(graph, snapshot, self.profile, params, self.extractor, self.limits.extract_seconds)
         plan.stats.update(capture_s=capture_s, saturate_s=saturate_s, extract_s=time.perf_counter() - t2)
         log.info("eqsat: %s\n%s", name, plan.summary())
         original = jax.jit(flat_fun)
@@ -257,7 +257,7 @@ class Optimized:
         bans = [frozenset({op}) for op in sorted(rewritten)] + ([rewritten] if len(rewritten) > 1 else [])
         candidates = {_shape_of(best): ("extracted plan", best)}
         for ban in bans:
-            plan = build_plan(graph, snapshot, self.profile, params, self.extractor, forbid=ban)
+            plan = build_plan(graph, snapshot, self.profile, params, self.extractor, self.limits.extract_seconds, ban)
             candidates.setdefault(_shape_of(plan), (f"without new {'/'.join(sorted(ban))}", plan))
         ranked = sorted(candidates.values(), key=lambda c: c[1].predicted.seconds)[: self.autotune]
         concrete = [_example_like(x, i) if isinstance(x, jax.core.Tracer) else x for i, x in enumerate(flat)]
@@ -295,7 +295,14 @@ class Optimized:
         """The body re-planned, or the body itself when nothing changed or the result would not fit in its place."""
         graph = capture(body)
         self._optimize_bodies(graph)
-        plan = build_plan(graph, saturate(graph, self.rules, self.limits), self.profile, frozenset(), self.extractor)
+        plan = build_plan(
+            graph,
+            saturate(graph, self.rules, self.limits),
+            self.profile,
+            frozenset(),
+            self.extractor,
+            self.limits.extract_seconds,
+        )
         if plan.unchanged:
             return body
         inner = body.jaxpr

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import egglog.bindings as egg
 
+from eqsat import progress
 from eqsat.encode import ANALYSIS, encode, prelude
 from eqsat.errors import ShapeConflictError
 from eqsat.ir import Graph
@@ -23,6 +24,7 @@ class Limits:
     iterations: int = 12
     nodes: int = 50_000
     seconds: float = 10.0
+    extract_seconds: float = 0.5  # the ILP's (and the sharing pass's) budget when extractor="auto" or "ilp"
 
 
 @dataclass
@@ -73,7 +75,9 @@ def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
         if not report.updated:
             stop_reason = "saturated"
             break
-        if _size(egraph) >= limits.nodes:
+        size = _size(egraph)
+        progress.step("saturate", f"saturate: iteration {iterations}, {size} e-nodes", iterations, limits.iterations)
+        if size >= limits.nodes:
             stop_reason = "nodes"
             break
         if time.perf_counter() - start >= limits.seconds:

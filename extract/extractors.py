@@ -12,16 +12,24 @@ if TYPE_CHECKING:  # importing eqsat at run time would pull in jax and import ex
     from eqsat.saturate import ENode
 
 METHODS = ("greedy", "ilp", "auto")
+AUTO_ILP_MAX_NODES = 4000  # beyond this HiGHS rarely beats greedy within a second and overruns its time limit
 
 
 def share(
-    nodes: list[ENode], costs: list[float], full: dict[str, int], roots: list[str], rounds: int = 3
+    nodes: list[ENode],
+    costs: list[float],
+    full: dict[str, int],
+    roots: list[str],
+    rounds: int = 3,
+    seconds: float = 0.5,
 ) -> dict[str, int]:
     """Greedy's blind spot, patched: a new shared value (a merged GEMM) pays only when several e-classes switch to
     it together, and greedy judges each class alone. For each e-class that the choice does not reach yet, try
     switching every class with a node reading it to that node at once; keep the switch if the DAG cost drops.
 
-    `full` is greedy's choice for every e-class (so a switched-to node's new children have choices)."""
+    `full` is greedy's choice for every e-class (so a switched-to node's new children have choices). Stops after
+    `seconds`, keeping what it found."""
+    deadline = time.perf_counter() + seconds
     readers: dict[str, dict[str, int]] = {}  # class m -> {class c: cheapest node of c that reads m}
     for i, node in enumerate(nodes):
         if math.isinf(costs[i]):
@@ -37,6 +45,8 @@ def share(
         improved = False
         reached = set(reachable(nodes, choice, roots))
         for shared, users in readers.items():
+            if time.perf_counter() > deadline:
+                return choice
             switch = {c: i for c, i in users.items() if c in reached and choice.get(c) != i}
             if shared in reached or len(switch) < 2:
                 continue
@@ -103,12 +113,12 @@ def extract(
         if missing:  # greedy extracts every class that has an acyclic finite choice, so none exists
             raise ValueError(f"no finite acyclic choice exists for e-classes {missing}")
         report["greedy_cost"] = dag_cost(nodes, costs, everything, roots)
-        shared = share(nodes, costs, everything, roots)
+        shared = share(nodes, costs, everything, roots, seconds=time_limit)
         choice = {c: shared[c] for c in reachable(nodes, shared, roots)}
         report["greedy_s"] = time.perf_counter() - start
         report["shared_cost"] = dag_cost(nodes, costs, choice, roots)
         report["method"] = "greedy+share" if report["shared_cost"] < report["greedy_cost"] else "greedy"
-    if method in ("ilp", "auto"):
+    if method == "ilp" or (method == "auto" and len(nodes) <= AUTO_ILP_MAX_NODES):
         start = time.perf_counter()
         ilp_choice, ilp_cost, report["optimal"] = ilp_extract(nodes, costs, roots, time_limit, warm_start=choice)
         report["ilp_s"] = time.perf_counter() - start
