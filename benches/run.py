@@ -18,6 +18,7 @@ import jax
 
 import eqsat
 from benches.workload import Workload
+from eqsat import progress
 from eqsat.measure import compare
 
 
@@ -46,6 +47,7 @@ def measure(work: Workload, seconds: float, prepare: bool) -> dict[str, Any]:
     else:
         candidate, run_args, reference = fast, work.args, baseline
     jax.block_until_ready(candidate(*run_args))  # validation happens here
+    progress.begin("measure", f"measure against jax.jit ({seconds:g} s)")
     timing = compare(reference, candidate, run_args, seconds=seconds)
     return {
         "model": work.name,
@@ -65,6 +67,19 @@ def measure(work: Workload, seconds: float, prepare: bool) -> dict[str, Any]:
         "fallback": plan.fallback,
         "prepared": bool(prepare and work.params_argnums),
     }
+
+
+def _row(work: Workload, seconds: float, no_prepare: bool) -> dict[str, Any]:
+    """Measure one model and print its line of the table."""
+    row = measure(work, seconds, prepare=not no_prepare)
+    print(
+        f"{row['model']:<16} ops {row['ops']:5d}  e-nodes {row['enodes']:6d}  opt {row['optimize_s']:6.2f}s  "
+        f"predicted {row['predicted_speedup']:5.2f}x  measured {row['measured_speedup']:5.2f}x "
+        f"[{row['measured_iqr'][0]:.2f}-{row['measured_iqr'][1]:.2f}]  jit {row['jit_ms']:8.2f} ms  "
+        f"peak {row['peak_bytes_before'] / 2**20:7.1f} MiB  {row['fallback'] or ''}",
+        flush=True,
+    )
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,17 +102,12 @@ def main(argv: list[str] | None = None) -> int:
 
         builders += list(REAL_MODELS.values())
     rows = []
-    for build in builders:
-        work = build()
-        row = measure(work, seconds, prepare=not args.no_prepare)
-        rows.append(row)
-        print(
-            f"{row['model']:<16} ops {row['ops']:5d}  e-nodes {row['enodes']:6d}  opt {row['optimize_s']:6.2f}s  "
-            f"predicted {row['predicted_speedup']:5.2f}x  measured {row['measured_speedup']:5.2f}x "
-            f"[{row['measured_iqr'][0]:.2f}-{row['measured_iqr'][1]:.2f}]  jit {row['jit_ms']:8.2f} ms  "
-            f"peak {row['peak_bytes_before'] / 2**20:7.1f} MiB  {row['fallback'] or ''}",
-            flush=True,
-        )
+    with progress.live_progress():  # a live display on a terminal; the printed rows scroll above it
+        for k, build in enumerate(builders):
+            progress.step("bench", f"model {k + 1}/{len(builders)}", k, len(builders), depth=0)
+            work = build()
+            progress.step("bench", f"{work.name} ({k + 1}/{len(builders)})", k, len(builders), depth=0)
+            rows.append(_row(work, seconds, args.no_prepare))
     report = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''} "

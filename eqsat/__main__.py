@@ -6,7 +6,9 @@ import sys
 import jax
 
 import eqsat
+from eqsat.cli import add_optimize_command
 from eqsat.measure import compare
+from eqsat.progress import configure_logging
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -41,9 +43,19 @@ def calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def rules_check(args: argparse.Namespace) -> int:
+    from eqsat.verify import run_check
+
+    return run_check(args.files, examples=args.examples)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eqsat", description="Equality-saturation optimizer for JAX.")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log plans as they are built (-vv: every phase, too)"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
+    add_optimize_command(commands)
     p = commands.add_parser("demo", help="optimize the bundled examples and measure them against jax.jit")
     p.add_argument("--model", action="append", help="example to run (repeatable); default: all")
     p.add_argument("--scale", default="full", choices=["full", "small"], help="problem size")
@@ -57,7 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=60.0, help="timing budget (compilation comes on top)")
     p.add_argument("--out", help="profile JSON to write (default: the user cache, where target 'cpu' finds it)")
     p.set_defaults(run=calibrate)
+    p = commands.add_parser("rules", help="rule tools")
+    p_rules = p.add_subparsers(dest="action", required=True)
+    p = p_rules.add_parser("check", help="verify the built-in rules plus FILEs on random programs")
+    p.add_argument("files", nargs="*", metavar="FILE", help="rule files checked together with the built-in groups")
+    p.add_argument("--examples", type=int, default=300, help="random programs to saturate and check")
+    p.set_defaults(run=rules_check)
     args = parser.parse_args(argv)
+    configure_logging(args.verbose)
     return args.run(args)
 
 

@@ -5,7 +5,8 @@ output and no kernel of its own; contractions cost max(compute, memory) plus a k
 """
 
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields
 from importlib import resources
 from math import prod
 from pathlib import Path
@@ -27,9 +28,20 @@ class Profile:
     fuses_elementwise: bool
     disabled_rules: tuple[str, ...] = ()  # rule groups that do not pay on this target, as measured
     notes: str = ""
+    # Measured by `python -m eqsat calibrate` (extract/calibrate.py); the defaults keep older profiles as they were.
+    contraction_overhead: float | None = None  # fixed seconds per dot/conv kernel; None: launch_overhead
+    conv_peak_flops: dict[str, float] | None = None  # convolutions reach less than GEMMs on CPUs; None: peak_flops
+    cache_bandwidth: float | None = None  # bandwidth while a node's bytes fit in cache_bytes
+    cache_bytes: float = 0.0
+    call_overhead: float = 0.0  # fixed seconds per jitted call: the same for every plan, so not priced per node
 
-    def flops_per_second(self, dtype: str) -> float:
-        return self.peak_flops.get(dtype, min(self.peak_flops.values()))
+    def flops_per_second(self, dtype: str, conv: bool = False) -> float:
+        peak = self.conv_peak_flops if conv and self.conv_peak_flops else self.peak_flops
+        return peak.get(dtype, min(peak.values()))
+
+    def bandwidth_for(self, moved: float) -> float:
+        """Bytes per second for a node moving `moved` bytes: small working sets stay in cache."""
+        return self.cache_bandwidth if self.cache_bandwidth and moved <= self.cache_bytes else self.bandwidth
 
 
 @dataclass(frozen=True)
@@ -52,15 +64,39 @@ def profile_names() -> list[str]:
     return sorted(Path(e.name).stem for e in resources.files("extract").joinpath("profiles").iterdir())
 
 
+def cache_dir() -> Path:
+    """Where eqsat keeps per-machine data: $EQSAT_CACHE_DIR, else $XDG_CACHE_HOME/eqsat, else ~/.cache/eqsat."""
+    if os.environ.get("EQSAT_CACHE_DIR"):
+        return Path(os.environ["EQSAT_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eqsat"
+
+
+def calibrated_path(target: str) -> Path:
+    return cache_dir() / "profiles" / f"{target}.json"
+
+
 def load_profile(target: str | Profile) -> Profile:
+    """A target's profile: the one `python -m eqsat calibrate` wrote to the cache if any, else the bundled one."""
     if isinstance(target, Profile):
         return target
+    calibrated = calibrated_path(target)
+    if calibrated.is_file():
+        return _from_json(calibrated.read_text())
+    return load_bundled(target)
+
+
+def load_bundled(target: str) -> Profile:
     entry = resources.files("extract").joinpath("profiles", f"{target}.json")
     if not entry.is_file():
         raise ValueError(f"unknown target {target!r}; the device profiles are {profile_names()}")
-    data = json.loads(entry.read_text())
+    return _from_json(entry.read_text())
+
+
+def _from_json(text: str) -> Profile:
+    data = json.loads(text)
     data["disabled_rules"] = tuple(data.get("disabled_rules", ()))
-    return Profile(**data)
+    known = {f.name for f in fields(Profile)}
+    return Profile(**{k: v for k, v in data.items() if k in known})  # extra keys: raw measurements, newer fields
 
 
 def node_cost(
@@ -75,17 +111,19 @@ def node_cost(
         return Cost()
     if cost_class == "elementwise":
         kernels = 0 if profile.fuses_elementwise else 1
-        seconds = out_bytes / profile.bandwidth + kernels * profile.launch_overhead
+        seconds = out_bytes / profile.bandwidth_for(out_bytes) + kernels * profile.launch_overhead
         return Cost(seconds, float(prod(out_shape or ())), out_bytes, kernels)
-    if cost_class == "contraction":
+    if cost_class in ("contraction", "conv"):
         assert out_shape is not None and in_shapes[0] is not None
-        flops = float(contraction_flops(in_shapes, out_shape))
+        flops = float(contraction_flops(op, in_shapes, out_shape))
         moved = in_bytes + out_bytes
-        seconds = max(flops / profile.flops_per_second(dtype or "float32"), moved / profile.bandwidth)
-        return Cost(seconds + profile.launch_overhead, flops, moved, 1)
+        peak = profile.flops_per_second(dtype or "float32", conv=op == "Conv" or cost_class == "conv")
+        seconds = max(flops / peak, moved / profile.bandwidth_for(moved))
+        overhead = profile.launch_overhead if profile.contraction_overhead is None else profile.contraction_overhead
+        return Cost(seconds + overhead, flops, moved, 1)
     # opaque primitives: one pass over their data, one kernel
     moved = in_bytes + out_bytes
-    return Cost(moved / profile.bandwidth + profile.launch_overhead, 0.0, moved, 1)
+    return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
 
 
 def _itemsize(dtype: str | None) -> int:

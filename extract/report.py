@@ -9,7 +9,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from rich.table import Table
 
 from eqsat.ir import Graph, Node, Opaque, Shape
 from extract.cost import Cost
-from extract.plan import Plan, PlanNode
+from extract.plan import Plan, PlanNode, reachable
 
 FORMAT = "eqsat-plan"
 VERSION = 1
@@ -125,7 +125,12 @@ def _cost_from_dict(d: dict[str, Any]) -> Cost:
 
 
 def _attrs_to_list(attrs: tuple[Any, ...]) -> list[Any]:
-    return [_plain(a) for a in attrs]
+    # an attribute may be a tuple (a shape, broadcast dimensions): JSON has lists, _attrs_from_list turns them back
+    return [_attrs_to_list(a) if isinstance(a, tuple) else _plain(a) for a in attrs]
+
+
+def _attrs_from_list(attrs: list[Any]) -> tuple[Any, ...]:
+    return tuple(_attrs_from_list(a) if isinstance(a, list) else a for a in attrs)
 
 
 def _shape_from(shape: list[int] | None) -> Shape | None:
@@ -146,7 +151,7 @@ _NODE_ENCODE: dict[str, Callable[[Any], Any]] = {
 }
 _NODE_DECODE: dict[str, Callable[[Any], Any]] = {
     "inputs": tuple,
-    "attrs": tuple,
+    "attrs": _attrs_from_list,
     "shape": _shape_from,
     "cost": _cost_from_dict,
 }
@@ -180,6 +185,8 @@ def _fields_from_dict(cls: type, data: dict[str, Any], decode: dict[str, Callabl
 def _plain(value: Any) -> Any:
     if isinstance(value, str | int | float | bool | dict | type(None)):
         return value
+    if isinstance(value, list):  # e.g. Plan.autotune's candidates: a list of plain dicts
+        return [_plain(v) for v in value]
     raise TypeError(f"cannot save {value!r} of type {type(value).__name__} as JSON")
 
 
@@ -208,7 +215,7 @@ def _graph_to_dict(graph: Graph) -> dict[str, Any]:
 def _graph_from_dict(d: dict[str, Any]) -> Graph:
     return Graph(
         nodes=[
-            Node(n["op"], tuple(n["inputs"]), tuple(n["attrs"]), _shape_from(n["shape"]), n["dtype"])
+            Node(n["op"], tuple(n["inputs"]), _attrs_from_list(n["attrs"]), _shape_from(n["shape"]), n["dtype"])
             for n in d["nodes"]
         ],
         inputs=list(d["inputs"]),
@@ -231,14 +238,14 @@ class _Node:
     inputs: tuple[int, ...]
     shape: Shape | None
     dtype: str | None
-    rewritten: bool
-    cost: Cost | None
+    rewritten: bool = False
+    cost: Cost | None = None
 
 
 @dataclass(frozen=True)
 class _Program:
     nodes: list[_Node]
-    outputs: frozenset[int]
+    outputs: tuple[int, ...]  # in the program's order, so the two programs' outputs pair up
 
 
 def _op_name(op: str, attrs: tuple[Any, ...], graph: Graph | None) -> str:
@@ -253,18 +260,21 @@ def _plan_program(plan: Plan) -> _Program:
         _Node(n.op, _op_name(n.op, n.attrs, graph), n.attrs, n.inputs, n.shape, n.dtype, n.rewritten, n.cost)
         for n in plan.nodes
     ]
-    return _Program(nodes, frozenset(plan.outputs))
+    return _Program(nodes, tuple(plan.outputs))
 
 
 def _original_program(plan: Plan) -> _Program:
     graph = original_graph(plan)
     if graph is None:
         raise ValueError("this plan has no record of its original program (plan.graph is None and it was not loaded)")
+    # only what the program computes: capture leaves dead nodes behind (the steps of a folded broadcast chain)
+    live = sorted(reachable(graph))
+    index = {old: new for new, old in enumerate(live)}
     nodes = [
-        _Node(n.op, _op_name(n.op, n.attrs, graph), n.attrs, n.inputs, n.shape, n.dtype, False, None)
-        for n in graph.nodes
+        _Node(n.op, _op_name(n.op, n.attrs, graph), n.attrs, tuple(index[j] for j in n.inputs), n.shape, n.dtype)
+        for n in (graph.nodes[i] for i in live)
     ]
-    return _Program(nodes, frozenset(graph.outputs))
+    return _Program(nodes, tuple(index[i] for i in graph.outputs))
 
 
 def _program(plan: Plan, which: str) -> _Program:
@@ -376,9 +386,39 @@ def _expr(program: _Program, i: int, depth: int = 3) -> str:
     return f"{_label(node)}({', '.join(_expr(program, j, depth - 1) for j in node.inputs)})"
 
 
-def _changed_subgraphs(program: _Program, keys: list[int], other: set[int]) -> list[str]:
-    """The largest subgraphs of program absent from the other: changed nodes no other changed node consumes."""
-    changed = {i for i, k in enumerate(keys) if k not in other}
+def _unmatched(a: _Program, b: _Program) -> tuple[set[int], set[int]]:
+    """The nodes of each program with no counterpart in the other: what a rewrite replaced and what it put there.
+
+    A node has a counterpart if the other program computes the same term, or if it sits where the other program has
+    the same op on the same type: found walking down from the outputs (which pair up in order), so that a consumer of
+    a rewritten subgraph, whose term differs only through its input, is not counted as changed itself."""
+    table: dict[tuple, int] = {}
+    keys_a, keys_b = _terms(a, table), _terms(b, table)
+    matched_a = {i for i, k in enumerate(keys_a) if k in set(keys_b)}
+    matched_b = {i for i, k in enumerate(keys_b) if k in set(keys_a)}
+
+    def same(i: int, j: int) -> bool:
+        x, y = a.nodes[i], b.nodes[j]
+        return (_label(x), _type(x), len(x.inputs)) == (_label(y), _type(y), len(y.inputs))
+
+    pairs, seen = list(zip(a.outputs, b.outputs, strict=False)), set()
+    while pairs:
+        i, j = pairs.pop()
+        if (i, j) in seen or not same(i, j):
+            continue
+        seen.add((i, j))
+        matched_a.add(i)
+        matched_b.add(j)
+        inputs = list(zip(a.nodes[i].inputs, b.nodes[j].inputs, strict=True))
+        swapped = [(p, q) for (p, _), (_, q) in zip(inputs, reversed(inputs), strict=True)]
+        if len(inputs) == 2 and not all(same(*pq) for pq in inputs) and all(same(*pq) for pq in swapped):
+            inputs = swapped  # commuted operands (add-comm, mul-comm)
+        pairs.extend(inputs)
+    return set(range(len(a.nodes))) - matched_a, set(range(len(b.nodes))) - matched_b
+
+
+def _changed_subgraphs(program: _Program, changed: set[int]) -> list[str]:
+    """The largest changed subgraphs of a program: changed nodes no other changed node consumes."""
     consumed = {j for i in changed for j in program.nodes[i].inputs}
     return [f"{_expr(program, i)}  : {_type(program.nodes[i])}" for i in sorted(changed - consumed)]
 
@@ -393,10 +433,8 @@ def _diff_programs(a: _Program, b: _Program, name_a: str, name_b: str) -> list[s
     ]
     if lines:
         lines.insert(0, f"ops ({name_a} -> {name_b}):")
-    table: dict[tuple, int] = {}
-    keys_a, keys_b = _terms(a, table), _terms(b, table)
-    for name, program, keys, other in ((name_a, a, keys_a, set(keys_b)), (name_b, b, keys_b, set(keys_a))):
-        lines += [f"only in {name}: {s}" for s in _changed_subgraphs(program, keys, other)]
+    for name, program, changed in zip((name_a, name_b), (a, b), _unmatched(a, b), strict=True):
+        lines += [f"only in {name}: {s}" for s in _changed_subgraphs(program, changed)]
     if not lines:
         lines.append(f"same ops and subgraphs in {name_a} and {name_b}")
     for name, program in ((name_a, a), (name_b, b)):
@@ -450,7 +488,65 @@ def to_dot(plan: Plan, which: str = "plan") -> str:
 
 # ---------------------------------------------------------------------------------------------------- SVG
 
-_CHAR_W, _BOX_H, _GAP_X, _GAP_Y, _PAD, _DUMMY_W = 7.2, 34, 18, 46, 12, 6
+_CHAR_W, _BOX_H, _GAP_X, _GAP_Y, _PAD, _DUMMY_W, _NOTE_H = 7.2, 34, 18, 46, 12, 6, 24
+_REPLACED_FILL = "#f4c2c2"  # an original node the plan does not keep
+# Drawn whole up to this many nodes. A larger program is drawn as its changed region: a whole BERT (~900 nodes) lays
+# out 30000 px wide and 40000 px tall, where neither the boxes nor the changes can be found.
+MAX_DRAWN = 150
+
+
+def _changed(plan: Plan, which: str, program: _Program) -> set[int]:
+    """Nodes of this program without a counterpart in the other, and rewritten ones."""
+    rewritten = {i for i, n in enumerate(program.nodes) if n.rewritten}
+    if original_graph(plan) is None:
+        return rewritten
+    if which == "plan":
+        return _unmatched(_original_program(plan), program)[1] | rewritten
+    return _unmatched(program, _plan_program(plan))[0]
+
+
+@dataclass
+class _Focus:
+    program: _Program  # the nodes drawn, inputs restricted to them
+    ids: list[int]  # each one's index in the whole program
+    changed: set[int]
+    cut: set[int]  # nodes with inputs or consumers not drawn
+    rank: list[int]  # layer of each: its depth in the whole program, gaps closed, so it reads in program order
+    note: str
+
+
+def _focus(program: _Program, changed: set[int], limit: int) -> _Focus:
+    """The part of a large program worth drawing: each changed node in program order, with its inputs and consumers,
+    while `limit` allows (around the outputs if nothing changed)."""
+    consumers: list[list[int]] = [[] for _ in program.nodes]
+    for i, n in enumerate(program.nodes):
+        for j in n.inputs:
+            consumers[j].append(i)
+    keep: set[int] = set()
+    seeds = sorted(changed) or range(len(program.nodes) - 1, -1, -1)
+    shown = 0
+    for i in seeds:
+        region = {i, *program.nodes[i].inputs, *consumers[i]}
+        if keep and len(keep | region) > limit:
+            break
+        keep |= region
+        shown += 1
+    order = sorted(keep)
+    index = {old: new for new, old in enumerate(order)}
+    nodes = [
+        replace(program.nodes[i], inputs=tuple(index[j] for j in program.nodes[i].inputs if j in index)) for i in order
+    ]
+    cut = {index[i] for i in order if not keep.issuperset((*program.nodes[i].inputs, *consumers[i]))}
+    what = f"{shown} of {len(changed)} changed nodes" if changed else "the nodes nearest the outputs (nothing changed)"
+    note = (
+        f"{len(order)} of {len(program.nodes)} nodes: {what}, with their inputs and consumers; "
+        "dashed boxes connect to nodes not drawn (to_dot() draws all)"
+    )
+    sub = _Program(nodes, tuple(index[i] for i in program.outputs if i in index))
+    depth = _depths(program)
+    levels = {d: k for k, d in enumerate(sorted({depth[i] for i in order}))}
+    rank = [levels[depth[i]] for i in order]
+    return _Focus(sub, order, {index[i] for i in changed if i in index}, cut, rank, note)
 
 
 @dataclass
@@ -462,15 +558,21 @@ class _Layout:
     size: tuple[float, float]
 
 
-def _layout(program: _Program) -> _Layout:
-    """Layered drawing: a node sits one layer below its deepest input, a source just above its first use.
+def _depths(program: _Program) -> list[int]:
+    depth: list[int] = []
+    for n in program.nodes:
+        depth.append(1 + max((depth[i] for i in n.inputs), default=-1))
+    return depth
+
+
+def _layout(program: _Program, rank: list[int] | None = None) -> _Layout:
+    """Layered drawing: a node sits one layer below its deepest input (or at `rank`), a source just above its first
+    use.
 
     An edge spanning several layers gets a bend point in each layer it crosses (so it never runs under a box), and
     each layer is ordered by the mean position of its items' inputs to keep crossings few.
     """
-    depth: list[int] = []
-    for n in program.nodes:
-        depth.append(1 + max((depth[i] for i in n.inputs), default=-1))
+    depth = list(rank) if rank is not None else _depths(program)
     # an input or constant sits just above its first consumer, not in one wide top row with long edges
     first_use: dict[int, int] = {}
     for n, d in zip(program.nodes, depth, strict=True):
@@ -525,11 +627,27 @@ def _edge_path(layout: _Layout, route: list[int]) -> str:
     return d
 
 
-def to_svg(plan: Plan, which: str = "plan") -> str:
-    """The plan or the original program as a standalone SVG, laid out in Python (no graphviz needed)."""
+def to_svg(plan: Plan, which: str = "plan", max_nodes: int = MAX_DRAWN) -> str:
+    """The plan or the original program as a standalone SVG, laid out in Python (no graphviz needed).
+
+    Original nodes the plan does not keep are filled red, rewritten plan nodes orange. A program of more than
+    max_nodes nodes is drawn as its changed region with a note saying so (see _focus)."""
     program = _program(plan, which)
-    layout = _layout(program)
-    total_w, total_h = layout.size
+    changed = _changed(plan, which, program)
+    ids, cut, note, rank = list(range(len(program.nodes))), set(), "", None
+    if len(program.nodes) > max_nodes:
+        focus = _focus(program, changed, max_nodes)
+        program, ids, changed, cut, note, rank = (
+            focus.program,
+            focus.ids,
+            focus.changed,
+            focus.cut,
+            focus.note,
+            focus.rank,
+        )
+    layout = _layout(program, rank)
+    top = _NOTE_H if note else 0
+    total_w, total_h = max(layout.size[0], len(note) * _CHAR_W + 2 * _PAD), layout.size[1] + top
     marker = f"arrow-{which}"  # ids must differ between the two SVGs inlined in one page
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="graph" width="{total_w:.0f}" height="{total_h:.0f}" '
@@ -537,6 +655,9 @@ def to_svg(plan: Plan, which: str = "plan") -> str:
         f'<defs><marker id="{marker}" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
         'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>',
     ]
+    if note:
+        parts.append(f'<text x="{_PAD}" y="{_PAD + 4}" fill="#7a4b00" font-style="italic">{html.escape(note)}</text>')
+    parts.append(f'<g transform="translate(0,{top})">')
     parts += [
         f'<path d="{_edge_path(layout, route)}" fill="none" stroke="#555" stroke-width="1.2" '
         f'marker-end="url(#{marker})"/>'
@@ -545,19 +666,24 @@ def to_svg(plan: Plan, which: str = "plan") -> str:
     for i, n in enumerate(program.nodes):
         x, y, w = layout.x[i], layout.y[i], layout.width[i]
         stroke = ' stroke="#1f3b73" stroke-width="2.5"' if i in program.outputs else ' stroke="#333" stroke-width="1"'
-        tip = f"#{i} {_label(n)} {_type(n)}" + (" (rewritten)" if n.rewritten else "")
+        stroke += ' stroke-dasharray="5 3"' if i in cut else ""
+        replaced = which == "original" and i in changed
+        fill = _REPLACED_FILL if replaced else _fill(n)
+        tip = f"#{ids[i]} {_label(n)} {_type(n)}" + (
+            " (rewritten)" if n.rewritten else " (not in the plan)" if replaced else ""
+        )
         if n.cost is not None:
             tip += f"\n{_fmt_seconds(n.cost.seconds)}, {n.cost.flops:.3g} flops, {n.cost.bytes:.3g} bytes"
         cx = x + w / 2
         parts.append(
             f"<g><title>{html.escape(tip)}</title>"
-            f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{_BOX_H}" rx="5" fill="{_fill(n)}"{stroke}/>'
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{_BOX_H}" rx="5" fill="{fill}"{stroke}/>'
             f'<text x="{cx:.1f}" y="{y + 14:.1f}" text-anchor="middle" font-weight="bold">'
             f"{html.escape(_label(n))}</text>"
             f'<text x="{cx:.1f}" y="{y + 28:.1f}" text-anchor="middle" fill="#444" font-size="11">'
             f"{html.escape(_type(n))}</text></g>"
         )
-    parts.append("</svg>")
+    parts.append("</g></svg>")
     return "\n".join(parts)
 
 
@@ -575,7 +701,8 @@ tr.rewritten td { background: #fff1dc; }
 .graphs { display: flex; gap: 16px; align-items: flex-start; }
 .graphs > div { flex: 1 1 50%; overflow: auto; border: 1px solid #ddd; padding: 8px; max-height: 80vh; }
 .legend span { display: inline-block; padding: 1px 8px; margin-right: 8px; border: 1px solid #333; border-radius: 4px; }
-pre { background: #f7f7f7; padding: 8px; font-size: 12px; }
+pre { background: #f7f7f7; padding: 8px; font-size: 12px; margin: 0; }
+.scroll { max-height: 230px; max-width: 640px; overflow: auto; }  /* a large model's lists stay above the graphs */
 """
 
 
@@ -606,6 +733,10 @@ def _amounts(cost: Cost) -> list[Any]:
 
 def _flags(*flags: bool) -> list[str]:
     return ["yes" if f else "" for f in flags]
+
+
+def _scroll(content: str) -> str:
+    return f'<div class="scroll">{content}</div>'
 
 
 def _panel(title: str, content: str) -> str:
@@ -641,15 +772,16 @@ def to_html(plan: Plan, path: str | Path) -> Path:
         '<div class="panels">',
         _panel("Cost summary", _table(["", "original", "plan"], costs, ident="cost-summary")),
         _panel("Saturation", _table(None, saturation, left=2, ident="saturation")),
-        _panel("Rules fired", _table(["rule", "matches"], rules, ident="rules") if rules else "<p>none</p>"),
-        _panel("What changed", f"<pre>{html.escape(chr(10).join(changes))}</pre>"),
+        _panel("Rules fired", _scroll(_table(["rule", "matches"], rules, ident="rules")) if rules else "<p>none</p>"),
+        _panel("What changed", _scroll(f"<pre>{html.escape(chr(10).join(changes))}</pre>")),
         "</div>",
         "<h2>Programs</h2>",
         '<p class="legend"><span style="background:#ffb347">rewritten</span>'
+        '<span style="background:#f4c2c2">not in the plan</span>'
         '<span style="background:#e8eef7">input / constant</span>'
         '<span style="border-width:2.5px;border-color:#1f3b73">output</span> hover a box for its cost</p>',
         '<div class="graphs">',
-        _panel(f"original ({len(graph.nodes) if graph is not None else '?'} nodes)", original_svg),
+        _panel(f"original ({len(reachable(graph)) if graph is not None else '?'} nodes)", original_svg),
         _panel(f"plan ({len(plan.nodes)} nodes, {summary['rewritten nodes']} rewritten)", to_svg(plan, "plan")),
         "</div>",
         "<h2>Per-node cost</h2>",

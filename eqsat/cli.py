@@ -1,0 +1,318 @@
+"""`python -m eqsat optimize`: optimize one function from the command line, print its plan, keep it as files."""
+
+import argparse
+import importlib
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eqsat.errors import EqsatError
+
+EPILOG = """\
+examples:
+  python -m eqsat optimize --bench bert --json bert_cpu.json --html bert_cpu.html
+  python -m eqsat optimize --bench bert --target h100 --params-argnums 0 --json bert_h100.json
+  python -m eqsat compare bert_cpu.json bert_h100.json
+  python -m eqsat optimize mypkg.model:forward --args f32[64,1024] f32[1024,1024] --measure
+  python -m eqsat optimize benches.examples:matmul_chain --dot plan.dot   # a factory returning a Workload
+
+The function is captured, saturated under the rules, and the cheapest plan for the target extracted and
+validated against the original on the example arguments. Without --args, MODULE:FUNCTION must be a factory
+that takes no arguments and returns a benches.workload.Workload (function and example arguments together).
+"""
+
+# Short dtype names people write in shape specs, and numpy's full names (float32, int8, ...) also work.
+_DTYPES = {
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "f32": "float32",
+    "f64": "float64",
+    "i8": "int8",
+    "i16": "int16",
+    "i32": "int32",
+    "i64": "int64",
+    "u8": "uint8",
+    "u32": "uint32",
+    "bool": "bool",
+}
+_SPEC = re.compile(r"^\s*([A-Za-z0-9_]+)\s*\[\s*([0-9,\s]*?)\s*,?\s*\]\s*$")
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for: printed as one paragraph, exit code 2."""
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One positional argument of the function: its dtype and shape, as written in `--args`."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    def example(self, seed: int) -> np.ndarray:
+        """Random normal values for floats (fixed seed), zeros for integers and booleans."""
+        import jax.numpy as jnp
+
+        dtype = jnp.dtype(self.dtype)
+        if jnp.issubdtype(dtype, jnp.floating):
+            return np.random.default_rng(seed).standard_normal(self.shape).astype(dtype)
+        return np.zeros(self.shape, dtype)
+
+
+def parse_arg_spec(text: str) -> ArgSpec:
+    """'f32[64,1024]' -> ArgSpec('float32', (64, 1024)); 'i32[]' is a scalar. argparse shows the error."""
+    match = _SPEC.match(text)
+    dtype = _DTYPES.get(match.group(1), match.group(1)) if match else None
+    if match is None or dtype not in {*_DTYPES.values(), "uint16", "uint64"}:
+        raise argparse.ArgumentTypeError(
+            f"bad argument spec {text!r}: write dtype[shape], e.g. f32[64,1024], i32[8] or f32[] for a scalar; "
+            f"dtypes: {', '.join(_DTYPES)} (or numpy names such as float32)"
+        )
+    dims = [d for d in match.group(2).replace(" ", "").split(",") if d]
+    return ArgSpec(dtype, tuple(int(d) for d in dims))
+
+
+def _import_target(target: str) -> Callable[..., Any]:
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"expected MODULE:FUNCTION (e.g. mypkg.model:forward), got {target!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as error:
+        raise UsageError(
+            f"cannot import module {module_name!r} ({error}); run from the directory that holds it, "
+            "or install its package"
+        ) from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"{target} is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def _bench(name: str, scale: str) -> Any:
+    from benches.models.registry import MODELS
+    from benches.real_models import REAL_MODELS
+
+    if name in MODELS:
+        return MODELS[name](scale)
+    if name in REAL_MODELS:
+        try:
+            return REAL_MODELS[name]()
+        except ImportError as error:
+            raise UsageError(f"benchmark {name!r} needs the optional extra `models` ({error})") from None
+    raise UsageError(f"unknown benchmark {name!r}; choose from {', '.join([*MODELS, *REAL_MODELS])}")
+
+
+def workload(args: argparse.Namespace) -> Any:
+    """The Workload the options name: a benchmark, a function with --args, or a factory returning one."""
+    from benches.workload import Workload
+
+    if (args.bench is None) == (args.function is None):
+        raise UsageError("give either MODULE:FUNCTION or --bench NAME (one, not both)")
+    if args.bench is not None:
+        if args.arg_specs:
+            raise UsageError("--args applies to MODULE:FUNCTION; a --bench model brings its own arguments")
+        return _bench(args.bench, args.scale)
+    fn = _import_target(args.function)
+    if args.arg_specs:
+        example = tuple(spec.example(seed) for seed, spec in enumerate(args.arg_specs))
+        return Workload(getattr(fn, "__name__", args.function), fn, example)
+    try:
+        made = fn()
+    except TypeError as error:
+        raise UsageError(
+            f"{args.function} is not a zero-argument Workload factory ({error}); to optimize it directly, "
+            "describe its arguments with --args, e.g. --args f32[64,1024] i32[8]"
+        ) from None
+    if not isinstance(made, Workload):
+        raise UsageError(
+            f"{args.function}() returned a {type(made).__name__}, not a benches.workload.Workload; to optimize "
+            "the function itself, describe its arguments with --args"
+        )
+    return made
+
+
+def _split(args: tuple, argnums: tuple[int, ...]) -> tuple[tuple, tuple]:
+    """(the parameter arguments in argnums order, the other arguments in order)."""
+    chosen = [i % len(args) for i in argnums]
+    return tuple(args[i] for i in chosen), tuple(a for i, a in enumerate(args) if i not in chosen)
+
+
+def run_optimize(args: argparse.Namespace) -> int:
+    """The optimize command; a user's mistake is one paragraph on stderr and exit code 2."""
+    try:
+        return _optimize(args)
+    except (UsageError, EqsatError, OSError) as error:
+        print(f"python -m eqsat optimize: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    import jax
+
+    import eqsat
+    from eqsat import progress
+    from eqsat.api import _merge_params
+    from eqsat.measure import compare
+    from extract import report
+    from extract.cost import load_profile
+
+    try:
+        load_profile(args.target)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    work = workload(args)
+    params_argnums = tuple(args.params_argnums or ())
+    if any(not -len(work.args) <= i < len(work.args) for i in params_argnums):
+        raise UsageError(f"--params-argnums {list(params_argnums)}: {work.name} takes {len(work.args)} arguments")
+    defaults = eqsat.Limits()
+    limits = eqsat.Limits(
+        iterations=args.iterations or defaults.iterations,
+        nodes=args.nodes or defaults.nodes,
+        seconds=args.seconds or defaults.seconds,
+    )
+    with progress.live_progress(None if args.progress else False):
+        fast = eqsat.optimize(
+            work.fn,
+            target=args.target,
+            rules=args.rules,
+            disabled_rules=args.disable or (),
+            params_argnums=params_argnums,
+            validate=not args.no_validate,
+            limits=limits,
+            extractor=args.extractor,
+        )
+        plan = fast.plan(*work.args)
+        params, rest = _split(work.args, params_argnums)
+        # run the plan shown (prepared when there are parameters) once: that validates it on these arguments
+        call, call_args = (fast.prepare(*params), rest) if params_argnums else (fast, work.args)
+        if not args.no_validate:
+            jax.block_until_ready(call(*call_args))
+        memory = fast.memory(*work.args) if args.memory else None
+        timing = None
+        if args.measure is not None:
+            progress.begin("measure", f"measure against jax.jit ({args.measure:g} s)")
+            baseline = jax.jit(work.fn)
+
+            def reference(*rest: Any) -> Any:  # jax.jit of the original, called as the prepared plan is
+                return baseline(*_merge_params(params_argnums, params, rest))
+
+            timing = compare(reference, call, call_args, seconds=args.measure)
+    print(f"== {work.name}" + (f": {work.note}" if work.note else ""))
+    print(plan.summary())
+    if memory is not None:
+        print(memory.summary())
+    if timing is not None:
+        print(f"  measured         {timing}  (jax.jit time / eqsat time)")
+    for path, write in ((args.json, report.save_plan), (args.html, report.to_html)):
+        if path:
+            print(f"wrote {write(plan, path)}")
+    if args.dot:
+        print(f"wrote {_write(Path(args.dot), report.to_dot(plan))}")
+    return 0
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def add_optimize_command(commands: Any) -> None:
+    """Register `optimize` on the CLI's subparsers."""
+    from extract.cost import profile_names
+
+    p = commands.add_parser(
+        "optimize",
+        help="optimize one function or benchmark, print its plan, save it as JSON / HTML / DOT",
+        description="Optimize one function (or benchmark model) for a target and print the plan: predicted "
+        "time, flops, bytes and kernels before and after, the rules that fired and what stopped saturation.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = p.add_argument_group("what to optimize")
+    what.add_argument(
+        "function",
+        nargs="?",
+        metavar="MODULE:FUNCTION",
+        help="the function to optimize, e.g. mypkg.model:forward (importable from here); with --args its "
+        "arguments are made up from specs, without it FUNCTION is a zero-argument factory returning a Workload",
+    )
+    what.add_argument(
+        "--args",
+        dest="arg_specs",
+        nargs="+",
+        type=parse_arg_spec,
+        metavar="SPEC",
+        help="one dtype[shape] per positional argument, e.g. --args f32[64,1024] i32[8] (f32[] is a scalar); "
+        "floats are random normal, integers zero. Pytree arguments need a Workload factory or --bench",
+    )
+    what.add_argument(
+        "--bench",
+        metavar="NAME",
+        help="a benchmark model with its own example arguments, weights included: bert, nasrnn, resnext50, "
+        "... (benches/models/registry.py) or a real PyPI model such as flax_bert (needs the extra `models`)",
+    )
+    what.add_argument(
+        "--scale", default="full", choices=["full", "small"], help="benchmark size for --bench (default: full)"
+    )
+    how = p.add_argument_group("how to optimize")
+    how.add_argument(
+        "--target",
+        default="cpu",
+        help=f"device profile to plan for: {', '.join(profile_names())} (default: cpu). The plan runs anywhere; "
+        "the target decides which rewrites pay, e.g. GEMM merges are off on cpu",
+    )
+    how.add_argument(
+        "--params-argnums",
+        type=int,
+        nargs="+",
+        metavar="N",
+        help="positional arguments that are weights, fixed across calls (e.g. 0 for --bench bert): work on them "
+        "alone, such as concatenating Q/K/V weights, is priced as free, as after fast.prepare(params)",
+    )
+    how.add_argument(
+        "--rules", nargs="+", metavar="FILE", help="extra rule files (egglog), added to the built-in groups"
+    )
+    how.add_argument(
+        "--disable",
+        nargs="+",
+        metavar="GROUP",
+        help="built-in rule groups to switch off, by file stem under rules/ (e.g. merge_gemms layout)",
+    )
+    how.add_argument(
+        "--extractor",
+        default="auto",
+        choices=["greedy", "ilp", "auto"],
+        help="greedy DAG, exact ILP (HiGHS) or auto: both within a time budget, the cheaper kept (default)",
+    )
+    how.add_argument("--iterations", type=int, metavar="N", help="saturation iterations at most (default 12)")
+    how.add_argument("--nodes", type=int, metavar="N", help="stop saturating at this many e-nodes (default 50000)")
+    how.add_argument("--seconds", type=float, metavar="S", help="saturation time limit in seconds (default 10)")
+    how.add_argument(
+        "--no-validate", action="store_true", help="do not run the plan against the original on the example inputs"
+    )
+    out = p.add_argument_group("what to show and keep")
+    out.add_argument("--json", metavar="OUT.json", help="save the plan (reload with extract.report.load_plan)")
+    out.add_argument("--html", metavar="OUT.html", help="self-contained report: both graphs and per-node costs")
+    out.add_argument("--dot", metavar="OUT.dot", help="the plan as Graphviz DOT (dot -Tsvg OUT.dot > plan.svg)")
+    out.add_argument("--memory", action="store_true", help="also print the plan's memory: liveness, arena, XLA's")
+    out.add_argument(
+        "--measure",
+        type=float,
+        nargs="?",
+        const=3.0,
+        metavar="SECONDS",
+        help="time the plan against jax.jit, interleaved in this process (budget default 3 s)",
+    )
+    out.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no live progress display on a terminal"
+    )
+    p.set_defaults(run=run_optimize)

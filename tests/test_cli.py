@@ -1,0 +1,126 @@
+"""The CLI: `optimize` writes plans people can read and keep, `compare` prints them, errors are one paragraph."""
+
+import io
+import logging
+import re
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import pytest
+from rich.console import Console
+from rich.progress import Progress
+
+import eqsat
+from eqsat import progress
+from eqsat.__main__ import main
+from extract import report
+
+
+def tiny(x: jnp.ndarray, w1: jnp.ndarray, w2: jnp.ndarray) -> jnp.ndarray:
+    """x @ W1 + x @ W2: factored into one GEMM by the built-in rules."""
+    return x @ w1 + x @ w2
+
+
+def test_optimize_function_with_arg_specs_writes_json_html_dot(tmp_path, capsys):
+    out = {ext: tmp_path / f"plan.{ext}" for ext in ("json", "html", "dot")}
+    argv = ["optimize", "test_cli:tiny", "--args", "f32[16,8]", "f32[8,8]", "f32[8,8]", "--no-progress"]
+    assert main(argv + [f"--{ext}={path}" for ext, path in out.items()]) == 0
+    printed = capsys.readouterr().out
+    assert "plan for target 'cpu'" in printed and "dot-factor" in printed
+    plan = report.load_plan(out["json"])
+    assert plan.target == "cpu" and plan.rewritten_ops()
+    assert out["html"].read_text().count("<svg") == 2
+    assert out["dot"].read_text().startswith('digraph "plan"')
+
+
+def test_optimize_bench_then_compare_saved_plans(tmp_path, capsys):
+    cpu, h100 = tmp_path / "cpu.json", tmp_path / "h100.json"
+    assert main(["optimize", "--bench", "bert", "--scale", "small", "--json", str(cpu), "--no-validate"]) == 0
+    argv = ["optimize", "--bench", "bert", "--scale", "small", "--target", "h100", "--params-argnums", "0"]
+    assert main([*argv, "--json", str(h100), "--no-validate", "--iterations", "4"]) == 0
+    assert "bert-small" in capsys.readouterr().out
+    assert main(["compare", str(cpu), str(h100)]) == 0
+    table = capsys.readouterr().out
+    assert "eqsat plans" in table and "predicted time" in table and "h100" in table
+
+
+def test_help_of_every_subcommand(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    names = re.search(r"\{([a-z,]+)\}", capsys.readouterr().out).group(1).split(",")
+    assert {"optimize", "compare", "demo"} <= set(names)
+    for name in names:
+        with pytest.raises(SystemExit) as exit_:
+            main([name, "--help"])
+        assert exit_.value.code == 0
+        assert "usage: python -m eqsat " + name in capsys.readouterr().out
+    main_help = subprocess.run([sys.executable, "-m", "eqsat", "optimize", "--help"], capture_output=True, text=True)
+    assert "--params-argnums" in main_help.stdout and "examples:" in main_help.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["no_such_module_xyz:f", "--args", "f32[2]"], "cannot import module 'no_such_module_xyz'"),
+        (["test_cli:nothing_here", "--args", "f32[2]"], "has no attribute 'nothing_here'"),
+        (["test_cli", "--args", "f32[2]"], "expected MODULE:FUNCTION"),
+        (["test_cli:tiny"], "not a zero-argument Workload factory"),
+        (["--bench", "no_such_model"], "unknown benchmark 'no_such_model'"),
+        (["test_cli:tiny", "--args", "f32[2,2]", "--target", "nope"], "unknown target 'nope'"),
+    ],
+)
+def test_bad_target_is_one_paragraph_and_exit_code_2(argv, message, capsys):
+    assert main(["optimize", *argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_bad_arg_spec_is_an_argparse_error():
+    for argv in (["test_cli:tiny", "--args", "f32(64)"], ["test_cli:tiny", "--args", "q7[3]"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(["optimize", *argv])
+        assert exit_.value.code == 2
+    done = subprocess.run(
+        [sys.executable, "-m", "eqsat", "optimize", "x:y", "--args", "f32[a]"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "bad argument spec 'f32[a]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_pipeline_reports_phases_as_log_records_and_stays_quiet_otherwise(capsys):
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    progress.LOG.addHandler(handler)
+    progress.LOG.setLevel(logging.DEBUG)
+    try:
+        x = jnp.ones((16, 8))
+        eqsat.optimize(tiny)(x, jnp.ones((8, 8)), jnp.ones((8, 8)))
+    finally:
+        progress.LOG.removeHandler(handler)
+        progress.LOG.setLevel(logging.NOTSET)
+    phases = [r.eqsat_phase for r in records]
+    assert {"capture", "saturate", "extract", "validate"} <= set(phases)
+    assert any(r.eqsat_done for r in records if r.eqsat_phase == "saturate")  # one record per iteration
+    eqsat.optimize(tiny)(x, jnp.ones((8, 8)), jnp.ones((8, 8)))
+    assert capsys.readouterr() == ("", "")  # no handler installed: the library prints nothing
+
+
+def test_progress_handler_nests_rows_by_depth():
+    bar = Progress(console=Console(file=io.StringIO(), force_terminal=True))
+    handler = progress.ProgressHandler(bar)
+    progress.LOG.addHandler(handler)
+    progress.LOG.setLevel(logging.DEBUG)
+    try:
+        progress.step("bench", "model 1/2", 0, 2, depth=0)
+        progress.begin("capture", "capture")
+        progress.begin("saturate", "saturate", total=12)
+        progress.step("saturate", "iteration 3", 3, 12)
+        assert [t.description.strip() for t in bar.tasks] == ["model 1/2", "capture", "iteration 3"]
+        assert bar.tasks[1].finished and not bar.tasks[2].finished
+        progress.step("bench", "model 2/2", 1, 2, depth=0)  # the next model: the previous one's rows go
+        assert [t.description for t in bar.tasks] == ["model 2/2"]
+    finally:
+        progress.LOG.removeHandler(handler)
+        progress.LOG.setLevel(logging.NOTSET)
