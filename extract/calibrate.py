@@ -117,8 +117,6 @@ def calibrate(seconds_budget: float = 60, out: str | Path | None = None, scale: 
         for name in ("name", "description", "peak_flops", "bandwidth", "launch_overhead", "fuses_elementwise")
     }
     profile.update(
-        disabled_rules=list(draft.disabled_rules),
-        notes=draft.notes,
         contraction_overhead=overhead,
         conv_peak_flops=draft.conv_peak_flops,
         cache_bandwidth=cache_bw,

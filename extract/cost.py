@@ -6,7 +6,7 @@ output and no kernel of its own; contractions cost max(compute, memory) plus a k
 
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from importlib import resources
 from math import prod
 from pathlib import Path
@@ -76,13 +76,21 @@ def calibrated_path(target: str) -> Path:
 
 
 def load_profile(target: str | Profile) -> Profile:
-    """A target's profile: the one `python -m eqsat calibrate` wrote to the cache if any, else the bundled one."""
+    """A target's profile: the bundled one, its measured figures replaced by those `python -m eqsat calibrate`
+    wrote to the cache, if any. What was learnt about the target (rule groups that do not pay) stays bundled."""
     if isinstance(target, Profile):
         return target
+    bundled = load_bundled(target)
     calibrated = calibrated_path(target)
-    if calibrated.is_file():
-        return _from_json(calibrated.read_text())
-    return load_bundled(target)
+    if not calibrated.is_file():
+        return bundled
+    measured = json.loads(calibrated.read_text())
+    for key in _KNOWLEDGE:
+        measured.pop(key, None)
+    return _from_json(json.dumps({**asdict(bundled), **measured}))
+
+
+_KNOWLEDGE = ("disabled_rules", "notes")  # bundled facts about a target, never taken from a calibration
 
 
 def load_bundled(target: str) -> Profile:
