@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p_rules = p.add_subparsers(dest="action", required=True)
     p = p_rules.add_parser("check", help="verify the built-in rules plus FILEs on random programs")
     p.add_argument("files", nargs="*", metavar="FILE", help="rule files checked together with the built-in groups")
-    p.add_argument("--examples", type=int, default=300, help="random programs to saturate and check")
+    p.add_argument("--examples", type=int, default=400, help="random programs to saturate and check")
     p.set_defaults(run=rules_check)
     args = parser.parse_args(argv)
     configure_logging(args.verbose)

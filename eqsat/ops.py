@@ -90,10 +90,9 @@ def _conv(attrs: tuple, x: Any, w: Any) -> Any:
     )
 
 
-def _out_size(size: str, pad_a: str, pad_b: str, kernel: str, dilation: str, stride: str) -> str:
-    """egglog text of (size + pads - dilation*(kernel-1) - 1) / stride + 1."""
-    span = f"(+ (* {dilation} (- {kernel} 1)) 1)"
-    return f"(+ (/ (- (+ {size} (+ {pad_a} {pad_b})) {span}) {stride}) 1)"
+def _window_room(size: str, pad_a: str, pad_b: str, kernel: str, dilation: str) -> str:
+    """egglog text of size + pads - (dilation*(kernel-1) + 1): how far the window can slide, >= 0 when it fits."""
+    return f"(- (+ {size} (+ {pad_a} {pad_b})) (+ (* {dilation} (- {kernel} 1)) 1))"
 
 
 def _per_rank_shape_rules(pattern: str, dim: str, max_rank: int = 6) -> tuple[str, ...]:
@@ -163,11 +162,10 @@ OPS: dict[str, OpSpec] = {
             (
                 "(rule ((= e (Conv k0 k1 k2 k3 k4 k5 k6 k7 k8 a b)) (= sa (shape a)) (= sb (shape b))"
                 " (= (vec-length sa) 4) (= (vec-length sb) 4) (= (vec-get sa 3) (* k8 (vec-get sb 2)))"
-                " (= 0 (% (vec-get sb 3) k8)))"
-                " ((set (shape e) (vec-of (vec-get sa 0)"
-                f" {_out_size('(vec-get sa 1)', 'k2', 'k3', '(vec-get sb 0)', 'k6', 'k0')}"
-                f" {_out_size('(vec-get sa 2)', 'k4', 'k5', '(vec-get sb 1)', 'k7', 'k1')}"
-                " (vec-get sb 3)))))",
+                " (= 0 (% (vec-get sb 3) k8))"
+                f" (= rh {_window_room('(vec-get sa 1)', 'k2', 'k3', '(vec-get sb 0)', 'k6')}) (>= rh 0)"
+                f" (= rw {_window_room('(vec-get sa 2)', 'k4', 'k5', '(vec-get sb 1)', 'k7')}) (>= rw 0))"
+                " ((set (shape e) (vec-of (vec-get sa 0) (+ (/ rh k0) 1) (+ (/ rw k1) 1) (vec-get sb 3)))))",
             ),
             contracted=lambda shapes: prod(shapes[1][:3]),
         ),

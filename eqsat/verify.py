@@ -14,6 +14,7 @@ from typing import Any
 
 import egglog.bindings as egg
 import jax
+import jax.numpy as jnp
 import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -24,13 +25,13 @@ from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from eqsat.ops import OPS
 from eqsat.rules import RuleSource, collect
-from eqsat.saturate import Limits, Snapshot, saturate
+from eqsat.saturate import ENode, Limits, Snapshot, saturate
 
 Shape = tuple[int, ...]
 
 # Small enough that one program saturates and evaluates in well under a second, large enough that rules
 # two or three rewrites away from the captured program get to fire.
-VERIFY_LIMITS = Limits(iterations=5, nodes=2_500, seconds=2.0)
+VERIFY_LIMITS = Limits(iterations=4, nodes=800, seconds=2.0)
 
 # Largest error allowed, relative to the largest magnitude a node combines (see `tolerance`). Ints: exact.
 _RTOL = {"float64": 1e-10, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2, "complex64": 1e-4, "complex128": 1e-10}
@@ -91,9 +92,7 @@ def _difference(want: Any, got: Any, scale: float) -> tuple[float, float] | None
     wide = np.complex128 if np.iscomplexobj(w) else np.float64
     w, g = w.astype(wide), g.astype(wide)
     finite = np.isfinite(w) & np.isfinite(g)
-    if not np.array_equal(w[~finite], g[~finite], equal_nan=True) or not np.array_equal(
-        np.isfinite(w), np.isfinite(g)
-    ):
+    if not np.array_equal(w[~finite], g[~finite], equal_nan=True) or not np.array_equal(np.isfinite(w), np.isfinite(g)):
         return float("inf"), allowed
     error = float(np.max(np.abs(w - g)[finite], initial=0.0))
     return (error, allowed) if error > allowed else None
@@ -125,80 +124,96 @@ def _is_64bit(graph: Graph) -> bool:
     return any(node.dtype is not None and node.dtype.endswith("64") for node in graph.nodes)
 
 
+def _environment(graph: Graph, inputs: Sequence[Any]) -> dict[str, Any]:
+    env = {graph.nodes[i].attrs[0]: x for i, x in zip(graph.inputs, inputs, strict=True)}
+    env.update(graph.consts)
+    return env
+
+
+def _evaluate(graph: Graph, env: dict[str, Any]) -> list[Any]:
+    values: list[Any] = []
+    for node in graph.nodes:
+        values.append(_apply(graph, env, node.op, node.attrs, [values[i] for i in node.inputs]))
+    return values
+
+
 def evaluate(graph: Graph, inputs: Sequence[Any]) -> list[Any]:
     """The value of every node of the original program on these inputs."""
-    env = {graph.nodes[i].attrs[0]: np.asarray(x) for i, x in zip(graph.inputs, inputs, strict=True)}
-    env.update(graph.consts)
     with jax.enable_x64(_is_64bit(graph)):
-        values: list[Any] = []
-        for node in graph.nodes:
-            values.append(_apply(graph, env, node.op, node.attrs, [values[i] for i in node.inputs]))
-    return values
+        return _evaluate(graph, _environment(graph, [np.asarray(x) for x in inputs]))
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, jax.Array | np.ndarray)
+
+
+def _propagate(graph: Graph, snapshot: Snapshot, inputs: list[Any], checked: list[ENode]) -> tuple[dict, list]:
+    """Class values, and the values of the nodes to compare with them (the nodes appended to `checked`).
+
+    Original classes take the original program's values; a class first reached through a rewrite takes the
+    value of the first of its nodes evaluated. A node whose lowering raises or whose result's shape or dtype
+    differs from its class's is ill-typed: extraction never picks it, so it is not compared.
+    """
+    env = _environment(graph, inputs)
+    values: dict[str, Any] = {}
+    outs: list[Any] = []
+    for i, value in enumerate(_evaluate(graph, env)):
+        cls = snapshot.orig[i]
+        if cls in values and _is_array(value):  # duplicates that capture merged into one class must agree too
+            checked.append(next(n for n in snapshot.nodes if n.eclass == cls))
+            outs.append(value)
+        values.setdefault(cls, value)
+    pending = list(snapshot.nodes)
+    progress = True
+    while pending and progress:  # a pass per level of new classes; each node is evaluated once
+        progress, waiting = False, []
+        for node in pending:
+            if any(c not in values for c in node.children):
+                waiting.append(node)
+                continue
+            progress = True
+            args = [values[c] for c in node.children]
+            if node.op in ("TNil", "TCons"):
+                values.setdefault(node.eclass, () if node.op == "TNil" else (args[0], *args[1]))
+                continue
+            try:
+                out = _apply(graph, env, node.op, node.attrs, list(args[0]) if node.op == "Op" else args)
+            except Exception:  # the lowering rejects these operands: ill-typed, never extracted
+                continue
+            want = values.get(node.eclass)
+            if not _is_array(out):  # a multi-result opaque call: its results are compared through Get
+                values.setdefault(node.eclass, out)
+            elif want is None:
+                shape, dtype = snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass)
+                if (shape is None or tuple(out.shape) == shape) and (dtype is None or out.dtype.name == dtype):
+                    values[node.eclass] = out
+            elif _is_array(want) and out.shape == want.shape and out.dtype == want.dtype:
+                checked.append(node)
+                outs.append(out)
+        pending = waiting
+    return {cls: v for cls, v in values.items() if _is_array(v)}, outs
 
 
 def check_egraph(graph: Graph, snapshot: Snapshot, inputs: Sequence[Any]) -> list[Disagreement]:
     """Every e-node that type-checks on the inputs' values and disagrees with its e-class's value.
 
-    Original classes take the original program's values; a class first reached through a rewrite takes the
-    value of the first of its nodes evaluated. A node whose lowering raises or whose result's shape or dtype
-    differs from its class's is ill-typed: extraction never picks it, so it is skipped, not reported.
+    Evaluation is eager, op by op: jax caches each op's compilation by shape, so repeated shapes across many
+    programs are cheap (one jit per e-graph measured slower: thousands of nodes compile every time).
     """
+    checked: list[ENode] = []
+    with jax.enable_x64(_is_64bit(graph)):
+        values, outs = jax.device_get(_propagate(graph, snapshot, [np.asarray(x) for x in inputs], checked))
     rules = tuple(sorted(rule for rule, count in snapshot.rule_matches.items() if count))
-    env = {graph.nodes[i].attrs[0]: np.asarray(x) for i, x in zip(graph.inputs, inputs, strict=True)}
-    env.update(graph.consts)
-    found: list[Disagreement] = []
     by_class: dict[str, list[str]] = {}
     for node in snapshot.nodes:
         by_class.setdefault(node.eclass, []).append(node_text(node.op, node.attrs, node.children))
-
-    def report(node: Any, error: float, allowed: float) -> None:
-        texts = tuple(by_class.get(node.eclass, ()))
-        found.append(Disagreement(node.eclass, node.op, node.attrs, node.children, error, allowed, rules, texts))
-
-    values: dict[str, Any] = {}
-    for i, value in enumerate(evaluate(graph, inputs)):
-        cls = snapshot.orig[i]
-        if cls in values and isinstance(value, jax.Array | np.ndarray):  # duplicates capture merged: must agree
-            diff = _difference(values[cls], value, _magnitude(values[cls], value))
-            if diff:
-                report(next(n for n in snapshot.nodes if n.eclass == cls), *diff)
-        values.setdefault(cls, value)
-
-    with jax.enable_x64(_is_64bit(graph)):
-        pending = list(snapshot.nodes)
-        progress = True
-        while pending and progress:  # a pass per level of new classes; each node is evaluated once
-            progress, waiting = False, []
-            for node in pending:
-                if any(c not in values for c in node.children):
-                    waiting.append(node)
-                    continue
-                progress = True
-                args = [values[c] for c in node.children]
-                if node.op == "TNil" or node.op == "TCons":
-                    values.setdefault(node.eclass, () if node.op == "TNil" else (args[0], *args[1]))
-                    continue
-                if node.op == "Op":
-                    args = list(args[0])
-                try:
-                    out = _apply(graph, env, node.op, node.attrs, args)
-                except Exception:  # the lowering rejects these operands: ill-typed, never extracted
-                    continue
-                if not isinstance(out, jax.Array | np.ndarray):  # a multi-result opaque call: compared via Get
-                    values.setdefault(node.eclass, out)
-                    continue
-                want = values.get(node.eclass)
-                if want is None:
-                    shape, dtype = snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass)
-                    if (shape is None or tuple(out.shape) == shape) and (dtype is None or out.dtype.name == dtype):
-                        values[node.eclass] = out
-                    continue
-                if out.shape != want.shape or out.dtype != want.dtype:
-                    continue  # ill-typed for this class
-                diff = _difference(want, out, _magnitude(want, out, *args))
-                if diff:
-                    report(node, *diff)
-            pending = waiting
+    found = []
+    for node, out in zip(checked, outs, strict=True):
+        want = values[node.eclass]
+        diff = _difference(want, out, _magnitude(want, out, *(values.get(c) for c in node.children)))
+        if diff:
+            texts = tuple(by_class[node.eclass])
+            found.append(Disagreement(node.eclass, node.op, node.attrs, node.children, *diff, rules, texts))
     return found
 
 
@@ -307,12 +322,8 @@ def _binary(fn: Callable[..., Any], positive_right: bool = False) -> Callable[[D
         how = draw(st.sampled_from(["same", "scalar", "row"]))
         if how == "scalar":  # a literal: captured as a scalar constant
             c = draw(st.sampled_from([0.5, 2.0, -1.5]))
-            b = prog.apply(f"{fn.__name__}_{c}", lambda x: fn(x, np.asarray(c, x.dtype)), a)
-            return b
-        if how == "row":
-            b = _row(prog, shape)
-        else:
-            b = prog.pick(draw, lambda s: s == shape, shape)
+            return prog.apply(f"{fn.__name__}_{c}", lambda x: fn(x, np.asarray(c, x.dtype)), a)
+        b = _row(prog, shape) if how == "row" else prog.pick(draw, lambda s: s == shape, shape)
         if positive_right:
             b = _positive(prog, b)
         return prog.apply(fn.__name__, fn, a, b)
@@ -439,7 +450,9 @@ def _gen_concat(draw: DrawFn, prog: Program) -> int:
     shape = prog.shapes[a]
     axis = draw(st.integers(0, len(shape) - 1))
     other = (*shape[:axis], draw(st.integers(1, 8)), *shape[axis + 1 :])
-    b = prog.pick(draw, lambda s: len(s) == len(shape) and s[:axis] + s[axis + 1 :] == shape[:axis] + shape[axis + 1 :], other)
+    b = prog.pick(
+        draw, lambda s: len(s) == len(shape) and s[:axis] + s[axis + 1 :] == shape[:axis] + shape[axis + 1 :], other
+    )
     return prog.apply(f"concat{axis}", lambda x, y: lax.concatenate([x, y], axis), a, b)
 
 
@@ -479,7 +492,12 @@ def _gen_scale_shift(draw: DrawFn, prog: Program) -> int:
 def _conv_fn(strides: Shape, pad: str, dilation: Shape, groups: int) -> Callable[[Any, Any], Any]:
     def conv(x: Any, k: Any) -> Any:
         return lax.conv_general_dilated(
-            x, k, strides, pad, rhs_dilation=dilation, dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            x,
+            k,
+            strides,
+            pad,
+            rhs_dilation=dilation,
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
             feature_group_count=groups,
         )
 
@@ -498,7 +516,12 @@ def _conv_params(draw: DrawFn, prog: Program, x: int, groups: int) -> tuple[Shap
 
 
 def _conv_input(draw: DrawFn, prog: Program, groups: int) -> int:
-    fresh = (draw(st.integers(1, 2)), draw(st.integers(3, 6)), draw(st.integers(3, 6)), groups * draw(st.integers(1, 3)))
+    fresh = (
+        draw(st.integers(1, 2)),
+        draw(st.integers(3, 6)),
+        draw(st.integers(3, 6)),
+        groups * draw(st.integers(1, 3)),
+    )
     return prog.pick(draw, lambda s: len(s) == 4 and s[3] % groups == 0 and min(s) > 0, fresh)
 
 
@@ -519,6 +542,112 @@ def _gen_sibling_convs(draw: DrawFn, prog: Program) -> int:
     if draw(st.booleans()):
         return prog.apply("concat3", lambda p, q: lax.concatenate([p, q], 3), a, b)
     return b
+
+
+_TRANSPOSE_INNER = ("", "add", "mul", "tanh", "exp")
+
+
+def _transpose(inner: str) -> Callable[[DrawFn, Program], int]:
+    return lambda draw, prog: _gen_transpose(draw, prog, inner)
+
+
+def _gen_transpose(draw: DrawFn, prog: Program, inner: str) -> int:
+    """A permutation of the axes (often a swap of the last two), of a value or of an elementwise op."""
+    a = prog.pick(draw, lambda s: 2 <= len(s) <= 4, _dims(draw, draw(st.integers(2, 4))))
+    if inner in ("add", "mul"):
+        b = prog.pick(draw, lambda s: s == prog.shapes[a], prog.shapes[a])
+        a = prog.apply(inner, lax.add if inner == "add" else lax.mul, a, b)
+    elif inner:
+        a = prog.apply(inner, lax.tanh if inner == "tanh" else lambda x: lax.exp(lax.tanh(x)), a)
+    n = len(prog.shapes[a])
+    swap = (*range(n - 2), n - 1, n - 2)
+    perm = swap if draw(st.booleans()) else tuple(draw(st.permutations(range(n))))
+    return prog.apply(f"transpose{perm}", lambda x: lax.transpose(x, perm), a)
+
+
+def _gen_reshape(draw: DrawFn, prog: Program) -> int:
+    """Two reshapes in a row (flatten, then back or to another factorization)."""
+    a = _any(draw, prog)
+    shape = prog.shapes[a]
+    flat = prog.apply("reshape", lambda x: lax.reshape(x, (int(np.prod(shape)),)), a)
+    back = shape if draw(st.booleans()) else (int(np.prod(shape[:-1])), shape[-1])
+    return prog.apply(f"reshape{back}", lambda x: lax.reshape(x, back), flat)
+
+
+def _gen_pad(draw: DrawFn, prog: Program) -> int:
+    a = _any(draw, prog)
+    config = [(draw(st.integers(0, 2)), draw(st.integers(0, 2)), 0) for _ in prog.shapes[a]]
+    return prog.apply(f"pad{config}", lambda x: lax.pad(x, np.asarray(0, x.dtype), config), a)
+
+
+def _reduce(fn: Callable[..., Any]) -> Callable[[DrawFn, Program], int]:
+    def gen(draw: DrawFn, prog: Program) -> int:
+        a = prog.pick(draw, lambda s: len(s) >= 2, _dims(draw, draw(st.integers(2, 3))))
+        axis = draw(st.integers(0, len(prog.shapes[a]) - 1))
+        return prog.apply(f"{fn.__name__}{axis}", lambda x: fn(x, axis=axis), a)
+
+    return gen
+
+
+def _gen_conv_sum(draw: DrawFn, prog: Program) -> int:
+    """conv(x, w1) + conv(x, w2) or conv(x1, w) + conv(x2, w): conv linearity."""
+    groups = draw(st.sampled_from([1, 2]))
+    x = _conv_input(draw, prog, groups)
+    kernel, conv, label = _conv_params(draw, prog, x, groups)
+    w = prog.fresh(kernel)
+    if draw(st.booleans()):
+        a, b = prog.apply(label, conv, x, w), prog.apply(label, conv, x, prog.fresh(kernel))
+    else:
+        a, b = prog.apply(label, conv, x, w), prog.apply(label, conv, prog.fresh(prog.shapes[x]), w)
+    return prog.apply("add", lax.add, a, b)
+
+
+def _gen_enlarge(draw: DrawFn, prog: Program) -> int:
+    """A 1x1 conv beside a padded 3x3 conv of one input and stride (SqueezeNet's expand layers)."""
+    x = prog.fresh((draw(st.integers(1, 2)), draw(st.integers(3, 6)), draw(st.integers(3, 6)), draw(st.integers(1, 3))))
+    s = (draw(st.integers(1, 2)),) * 2
+    one = _conv_fn(s, ((0, 0), (0, 0)), (1, 1), 1)
+    three = _conv_fn(s, ((1, 1), (1, 1)), (1, 1), 1)
+    cin = prog.shapes[x][3]
+    prog.apply(f"conv1x1[strides={s}]", one, x, prog.fresh((1, 1, cin, draw(st.integers(1, 3)))))
+    return prog.apply(f"conv3x3[strides={s} pad=1]", three, x, prog.fresh((3, 3, cin, draw(st.integers(1, 3)))))
+
+
+_CONCAT_KINDS = ("slice", "adjacent", "assoc", "add", "mul", "tanh", "logistic", "exp", "dot")
+
+
+def _concat_ops(kind: str) -> Callable[[DrawFn, Program], int]:
+    """Concats taken apart, re-associated, or under elementwise ops and contractions: the concat rules."""
+    return lambda draw, prog: _gen_concat_ops(draw, prog, kind)
+
+
+def _gen_concat_ops(draw: DrawFn, prog: Program, kind: str) -> int:
+    rows, k, n = _dims(draw, 3)
+    axis = draw(st.integers(0, 1))
+    part = (rows, k)
+    a, b = prog.fresh(part), prog.fresh(part)
+
+    def cat(p: int, q: int, ax: int = axis) -> int:
+        return prog.apply(f"concat{ax}", lambda x, y: lax.concatenate([x, y], ax), p, q)
+
+    z = cat(a, b)
+    if kind == "slice":
+        lo, hi = (0, part[axis]) if draw(st.booleans()) else (part[axis], 2 * part[axis])
+        return prog.apply(f"slice{axis}[{lo}:{hi}]", lambda x: lax.slice_in_dim(x, lo, hi, axis=axis), z)
+    if kind == "adjacent":
+        mid = part[axis]
+        p = prog.apply(f"slice{axis}[0:{mid}]", lambda x: lax.slice_in_dim(x, 0, mid, axis=axis), z)
+        q = prog.apply(f"slice{axis}[{mid}:]", lambda x: lax.slice_in_dim(x, mid, 2 * mid, axis=axis), z)
+        return cat(p, q)
+    if kind == "assoc":
+        return cat(z, prog.fresh(part))
+    if kind in ("add", "mul"):
+        return prog.apply(kind, lax.add if kind == "add" else lax.mul, z, cat(prog.fresh(part), prog.fresh(part)))
+    if kind in ("tanh", "logistic", "exp"):  # the pieces are fresh normal inputs: exp cannot overflow
+        return prog.apply(kind, {"tanh": lax.tanh, "logistic": lax.logistic, "exp": lax.exp}[kind], z)
+    if axis == 0:  # rows concatenated, then contracted over the columns
+        return prog.apply("dot", _dot, z, prog.fresh((k, n)))
+    return prog.apply("dot", _dot, prog.fresh((n, rows)), cat(prog.fresh(part), prog.fresh(part), 1))
 
 
 def _gen_opaque(draw: DrawFn, prog: Program) -> int:
@@ -556,6 +685,14 @@ GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     "Conv": _gen_conv,
     "sibling-convs": _gen_sibling_convs,
     "Op": _gen_opaque,
+    **{f"Transpose{'-' + inner if inner else ''}": _transpose(inner) for inner in _TRANSPOSE_INNER},
+    "Reshape": _gen_reshape,
+    "Pad": _gen_pad,
+    "ReduceSum": _reduce(jnp.sum),
+    "ReduceMax": _reduce(jnp.max),
+    "conv-sum": _gen_conv_sum,
+    "enlarge": _gen_enlarge,
+    **{f"concat-{kind}": _concat_ops(kind) for kind in _CONCAT_KINDS},
     # rule patterns several ops make up
     "chain": _gen_chain,
     "dot-sum": _gen_dot_sum,

@@ -94,11 +94,18 @@ def dag_cost(nodes: list[ENode], costs: list[float], choice: dict[str, int], roo
 
 
 def extract(
-    nodes: list[ENode], costs: list[float], roots: list[str], method: str = "auto", time_limit: float = 5.0
+    nodes: list[ENode],
+    costs: list[float],
+    roots: list[str],
+    method: str = "auto",
+    time_limit: float = 5.0,
+    baseline: dict[str, int] | None = None,
 ) -> tuple[dict[str, int], dict[str, Any]]:
     """The chosen node per e-class reachable from the roots, and a report: the method whose choice it is, each
     method's DAG cost and time, and whether the ILP proved its choice optimal. "auto" runs greedy and then the ILP,
-    warm-started with greedy's choice and bounded by time_limit seconds, and keeps the cheaper."""
+    warm-started with greedy's choice and bounded by time_limit seconds, and keeps the cheaper. A baseline choice
+    (the original program) is kept when no extractor beats it: greedy can do worse than the program it started
+    from, since it judges each e-class alone."""
     from extract.ilp import ilp_extract  # here, not at the top: extract.ilp imports dag_cost from this module
 
     if method not in METHODS:
@@ -126,4 +133,11 @@ def extract(
         if choice is None or ilp_cost < report["shared_cost"]:
             choice, report["method"] = ilp_choice, "ilp"
     assert choice is not None
+    if baseline is not None:
+        try:
+            report["baseline_cost"] = dag_cost(nodes, costs, baseline, roots)
+        except ValueError:  # a baseline node was banned (ill-typed): it cannot be kept
+            report["baseline_cost"] = math.inf
+        if report["baseline_cost"] <= dag_cost(nodes, costs, choice, roots):
+            choice, report["method"] = {c: baseline[c] for c in reachable(nodes, baseline, roots)}, "original"
     return choice, report

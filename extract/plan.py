@@ -131,8 +131,9 @@ def build_plan(
             if node.op in forbid and _key(node) not in kept:
                 costs[i] = math.inf
     roots = [snapshot.orig[i] for i in graph.roots()]
+    baseline = _original_choice(graph, snapshot)
     for _ in range(20):
-        choice, report = extract(nodes, costs, roots, extractor, time_limit)
+        choice, report = extract(nodes, costs, roots, extractor, time_limit, baseline)
         order = _topological(nodes, choice, roots)
         banned = [i for i in order if not _typechecks(nodes[i], snapshot)]
         if not banned:
@@ -270,6 +271,23 @@ def reachable(graph: Graph) -> set[int]:
             seen.add(i)
             stack.extend(graph.nodes[i].inputs)
     return seen
+
+
+def _original_choice(graph: Graph, snapshot: Snapshot) -> dict[str, int]:
+    """The e-node of each original node's e-class that is the original node: the program as it came in. Where
+    rewrites proved two original nodes equal, the earlier one is kept: its inputs come earlier still, so the
+    choice stays acyclic."""
+    by_key = {_key(node): i for i, node in enumerate(snapshot.nodes)}
+    choice: dict[str, int] = {}
+    for i, node in enumerate(graph.nodes):
+        inputs = () if node.op == "Op" else tuple(snapshot.orig[j] for j in node.inputs)
+        key = (snapshot.orig.get(i), node.op, tuple(node.attrs), inputs)
+        if key in by_key:
+            choice.setdefault(snapshot.orig[i], by_key[key])
+    for i, node in enumerate(snapshot.nodes):  # TList cells of opaque calls are not graph nodes; any will do
+        if node.op in ("TCons", "TNil"):
+            choice.setdefault(node.eclass, i)
+    return choice
 
 
 def _key(node: ENode) -> tuple:
