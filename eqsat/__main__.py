@@ -3,16 +3,13 @@
 import argparse
 import sys
 
-import jax
-
-import eqsat
 from eqsat.cli import add_optimize_command
-from eqsat.measure import compare
 from eqsat.progress import configure_logging
 
 
 def demo(args: argparse.Namespace) -> int:
     from benches.examples import EXAMPLES
+    from benches.versus import against_jit
 
     names = args.model or list(EXAMPLES)
     for name in names:
@@ -20,11 +17,11 @@ def demo(args: argparse.Namespace) -> int:
             print(f"unknown example {name!r}; choose from {sorted(EXAMPLES)}", file=sys.stderr)
             return 2
         work = EXAMPLES[name](args.scale)
-        print(f"== {work.name}: {work.note}")
-        fast = eqsat.optimize(work.fn, target=args.target)
-        fast(*work.args)  # builds and validates the plan
+        prepared = " (weights declared and prepared)" if work.params_argnums else ""
+        print(f"== {work.name}: {work.note or (work.fn.__doc__ or '').strip()}{prepared}")
+        timing, fast = against_jit(work, args.target, prepare=True, seconds=args.seconds)
         print(fast.plan(*work.args).summary())
-        print(f"  measured         {compare(jax.jit(work.fn), fast, work.args, seconds=args.seconds)}")
+        print(f"  measured         {timing}")
         print(f"  (the ratio is jax.jit time / eqsat time, same process, interleaved; target {args.target})\n")
     return 0
 

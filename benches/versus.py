@@ -1,0 +1,35 @@
+"""One workload optimized by eqsat and timed against jax.jit in the same process: what the demo, the suite and
+the acceptance script all measure."""
+
+from typing import Any
+
+import jax
+
+import eqsat
+from benches.workload import Workload
+from eqsat.measure import Comparison, compare
+
+
+def against_jit(
+    work: Workload, target: str = "cpu", prepare: bool = True, seconds: float = 2.0
+) -> tuple[Comparison, eqsat.Optimized]:
+    """The interleaved comparison, and the optimized function (its plans, memory, timings).
+
+    With `prepare` and parameters declared by the workload, eqsat's side is `fast.prepare(params)` (weight work
+    done once) and jax.jit's side the original called with the same parameters."""
+    baseline = jax.jit(work.fn)
+    prepared = prepare and bool(work.params_argnums)
+    fast = eqsat.optimize(work.fn, target=target, params_argnums=work.params_argnums if prepared else ())
+    if not prepared:
+        jax.block_until_ready(fast(*work.args))  # builds and validates the plan
+        return compare(baseline, fast, work.args, seconds), fast
+    params = [work.args[i] for i in work.params_argnums]
+    rest = tuple(a for i, a in enumerate(work.args) if i not in work.params_argnums)
+
+    def full(rest_args: tuple) -> list[Any]:
+        given, others = iter(params), iter(rest_args)
+        return [next(given) if i in work.params_argnums else next(others) for i in range(len(work.args))]
+
+    run = fast.prepare(*params)
+    jax.block_until_ready(run(*rest))
+    return compare(lambda *r: baseline(*full(r)), run, rest, seconds), fast
