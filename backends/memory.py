@@ -246,7 +246,12 @@ def xla_figure(
     total = argument + output - alias + temp: on CPU `peak_memory_in_bytes` leaves the temp arena out.
     """
     lowered = jax.jit(fn, donate_argnums=donate_argnums).lower(*args)
-    stats = lowered.compile(compiler_options).memory_analysis()
+    return figure_of(lowered.compile(compiler_options))
+
+
+def figure_of(compiled: Any) -> dict[str, int]:
+    """XLA's memory figures of a compiled program (jax's Compiled), with total = arg + out - alias + temp."""
+    stats = compiled.memory_analysis()
     figure = {
         "argument": int(stats.argument_size_in_bytes),
         "output": int(stats.output_size_in_bytes),

@@ -17,7 +17,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from backends.lower import lower, weight_boundary
-from backends.memory import MemoryReport, memory_report
+from backends.memory import MEMORY_OPTIMIZED, MemoryReport, figure_of, memory_report
 from eqsat import progress
 from eqsat import rules as rule_sources
 from eqsat.capture import capture
@@ -45,12 +45,24 @@ _RTOL = {"float64": 1e-7, "float32": 2e-3, "float16": 5e-2, "bfloat16": 5e-2}
 class _Dispatch:
     """jax.jit's fast path over a tracing body; reset() starts a fresh trace cache (after a fallback)."""
 
-    def __init__(self, body: Callable[..., Any], static_argnums: tuple[int, ...] = ()) -> None:
-        self.body, self.static_argnums = body, static_argnums
+    def __init__(
+        self,
+        body: Callable[..., Any],
+        static_argnums: tuple[int, ...] = (),
+        donate_argnums: tuple[int, ...] = (),
+        compiler_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.body, self.static_argnums, self.donate_argnums = body, static_argnums, donate_argnums
+        self.compiler_options = compiler_options
         self.reset()
 
     def reset(self) -> None:
-        self.run = jax.jit(lambda *args: self.body(*args), static_argnums=self.static_argnums)
+        self.run = jax.jit(
+            lambda *args: self.body(*args),
+            static_argnums=self.static_argnums,
+            donate_argnums=self.donate_argnums,
+            compiler_options=self.compiler_options,
+        )
 
 
 @dataclass
@@ -78,8 +90,11 @@ class Optimized:
         limits: Limits | None,
         extractor: str,
         autotune: int,
+        memory_budget: int | None,
+        donate_argnums: tuple[int, ...],
     ) -> None:
         self.fun = fun
+        self.memory_budget = memory_budget
         self.profile = load_profile(target)
         self.rules = rule_sources.collect(rules, (*disabled_rules, *self.profile.disabled_rules))
         self.static_argnums = tuple(static_argnums)
@@ -95,7 +110,10 @@ class Optimized:
         self._cache: dict[Any, _Entry] = {}
         self._unvalidated: list[_Entry] = []  # plans built since the last validation
         self._saturated: dict[Any, tuple] = {}  # signature -> flat function, output tree, graph, e-graph, times
-        self._dispatch = _Dispatch(self._traced, self.static_argnums)
+        # a budget asks XLA:CPU for its memory-optimized schedule (an option the other backends do not take)
+        options = MEMORY_OPTIMIZED if memory_budget is not None and jax.default_backend() == "cpu" else None
+        self._dispatch = _Dispatch(self._traced, self.static_argnums, tuple(donate_argnums), options)
+        self._unbudgeted: list[_Entry] = []  # plans built since the last budget check
         functools.update_wrapper(self, fun)
 
     def __call__(self, *args: Any) -> Any:
@@ -162,6 +180,8 @@ class Optimized:
         except TypeError:
             self._flatten(full_args)  # names a non-array argument clearly, if that is what failed
             raise
+        if self._unbudgeted and dispatch is self._dispatch:
+            self._check_budget(call_args)
         if not self._unvalidated:
             return out
         flat, _ = self._flatten(full_args)
@@ -170,6 +190,27 @@ class Optimized:
             dispatch.reset()
             out = dispatch.run(*call_args)
         return out
+
+    def _check_budget(self, call_args: tuple) -> None:
+        """XLA's own figure for the program just compiled, recorded in its plan; a warning if over budget."""
+        entries, self._unbudgeted = self._unbudgeted, []
+        figure = figure_of(self._dispatch.run.lower(*call_args).compile())
+        for entry in entries:
+            entry.plan.memory = memory_report(entry.plan)
+            entry.plan.memory.xla = figure
+            if self._dispatch.compiler_options:
+                entry.plan.memory.applied.append("XLA:CPU memory-optimized scheduler")
+            if self._dispatch.donate_argnums:
+                entry.plan.memory.applied.append(f"donated arguments {self._dispatch.donate_argnums}")
+            if self.memory_budget is not None and figure["total"] > self.memory_budget:
+                warnings.warn(
+                    f"eqsat: {getattr(self.fun, '__name__', 'the function')} needs {figure['total']} bytes by XLA's "
+                    "measure, "
+                    f"over the budget of {self.memory_budget}; for a training step, eqsat.fit_budget(grad_fn, args, "
+                    "budget, loss=loss) rematerializes segments of the loss",
+                    EqsatWarning,
+                    stacklevel=4,
+                )
 
     def plan(self, *args: Any, prepared: bool | None = None) -> Plan:
         """The plan for arguments of these shapes and dtypes (built if needed).
@@ -210,6 +251,8 @@ class Optimized:
             entry = self._cache[key, prepared] = self._build(args, flat, key, prepared)
             if not entry.validated:
                 self._unvalidated.append(entry)
+            if self.memory_budget is not None:
+                self._unbudgeted.append(entry)
         return entry
 
     def _build(self, args: tuple, flat: list[Any], key: Any, prepared: bool) -> _Entry:
@@ -359,6 +402,8 @@ def optimize(
     limits: Limits | None = None,
     extractor: str = "auto",
     autotune: int = 0,
+    memory_budget: int | None = None,
+    donate_argnums: int | Sequence[int] = (),
 ) -> Any:
     """Optimize a JAX function by equality saturation; use as `optimize(f, ...)` or `@optimize(...)`.
 
@@ -370,6 +415,8 @@ def optimize(
     warning, on a mismatch. limits: bounds on saturation (eqsat.Limits). extractor: "greedy" (greedy DAG),
     "ilp" (exact, HiGHS) or "auto" (both within a time budget, the cheaper kept). autotune: compile and measure
     this many of the best distinct candidate plans (and the original) on this device and keep the fastest.
+    memory_budget: bytes; compiles with XLA:CPU's memory-optimized scheduler, records XLA's figure in the plan
+    (plan.memory) and warns when it is over. donate_argnums: as in jax.jit.
     """
     settings = dict(
         target=target,
@@ -381,6 +428,8 @@ def optimize(
         limits=limits,
         extractor=extractor,
         autotune=autotune,
+        memory_budget=memory_budget,
+        donate_argnums=_as_tuple(donate_argnums),
     )
     if fun is None:
         return functools.partial(optimize, **settings)

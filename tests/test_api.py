@@ -266,3 +266,21 @@ def test_autotune_measures_candidates_and_records_them():
     assert rows[0]["label"].startswith("original") and len(rows) >= 3
     assert sum(r["chosen"] for r in rows) == 1
     assert all(r["measured_s"] > 0 for r in rows)
+
+
+def test_memory_budget_and_donation():
+    def f(x, w):
+        return jnp.tanh(x @ w) @ w
+
+    x, w = jnp.ones((256, 256)), jnp.eye(256)
+    fast = eqsat.optimize(f, memory_budget=10 * 2**20, donate_argnums=0)
+    expected = f(x, w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _close(fast(jnp.ones((256, 256)), w), expected)
+    memory = fast.plan(x, w).memory
+    assert memory.xla["total"] <= 10 * 2**20 and memory.xla["alias"] > 0
+    assert "XLA:CPU memory-optimized scheduler" in memory.applied and "donated arguments (0,)" in memory.applied
+    tight = eqsat.optimize(f, memory_budget=1000)
+    with pytest.warns(eqsat.EqsatWarning, match="over the budget of 1000"):
+        tight(x, w)
