@@ -16,10 +16,12 @@ from typing import Any
 
 import jax
 
+import eqsat
 from backends.memory import xla_figure
 from benches.versus import against_jit
 from benches.workload import Workload
 from eqsat import progress
+from extract.cost import class_of
 
 
 def measure(work: Workload, seconds: float, prepare: bool) -> dict[str, Any]:
@@ -43,12 +45,24 @@ def measure(work: Workload, seconds: float, prepare: bool) -> dict[str, Any]:
         "peak_bytes_before": xla_figure(work.fn, work.args)["total"],
         # XLA's figure for the plan a direct call runs (with weights prepared, their work leaves the call)
         "peak_bytes_after": fast.memory(*work.args).xla["total"],
+        # where the time goes: the cost model's roofline time per op class, and the share of the measured time it
+        # explains (1.0 would mean the program runs at the roofline)
+        "roofline_ms_by_class": {k: round(v * 1e3, 3) for k, v in _by_class(plan).items()},
+        "roofline_fraction": round(plan.predicted.seconds / timing.candidate_s, 3),
         "rules_changed_plan": plan.rules_involved(),
         "rewritten_ops": plan.rewritten_ops(),
         "fallback": plan.fallback,
         "prepared": bool(prepare and work.params_argnums),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
+
+
+def _by_class(plan: eqsat.Plan) -> dict[str, float]:
+    """Predicted seconds per cost class (contraction, elementwise, opaque) over the plan's nodes."""
+    seconds: dict[str, float] = {}
+    for node in plan.nodes:
+        seconds[class_of(node.op)] = seconds.get(class_of(node.op), 0.0) + node.cost.seconds
+    return {k: v for k, v in seconds.items() if v}
 
 
 def _row(work: Workload, seconds: float, no_prepare: bool) -> dict[str, Any]:

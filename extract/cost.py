@@ -108,6 +108,11 @@ def _from_json(text: str) -> Profile:
     return Profile(**{k: v for k, v in data.items() if k in known})  # extra keys: raw measurements, newer fields
 
 
+def class_of(op: str) -> str:
+    """The cost class of an IR op: the op table's, "opaque" for a re-bound primitive, "source" otherwise."""
+    return OPS[op].cost_class if op in OPS else ("opaque" if op == "Op" else "source")
+
+
 def node_cost(
     op: str, in_shapes: list[Shape | None], out_shape: Shape | None, dtype: str | None, profile: Profile
 ) -> Cost:
@@ -115,7 +120,7 @@ def node_cost(
     itemsize = _itemsize(dtype)
     out_bytes = prod(out_shape) * itemsize if out_shape is not None else 0
     in_bytes = sum(prod(s) * itemsize for s in in_shapes if s is not None)
-    cost_class = OPS[op].cost_class if op in OPS else ("opaque" if op == "Op" else "source")
+    cost_class = class_of(op)
     if cost_class == "source":
         return Cost()
     if cost_class == "elementwise":
