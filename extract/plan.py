@@ -123,15 +123,7 @@ def build_plan(
     """
     nodes = snapshot.nodes
     weight = _weight_nodes(nodes, params) if params else [False] * len(nodes)
-    costs = [_cost(node, snapshot, profile) for node in nodes]
-    costs = [0.0 if w and math.isfinite(c) else c for c, w in zip(costs, weight, strict=True)]
-    if forbid:
-        kept = _original_keys(graph, snapshot)
-        for i, node in enumerate(nodes):
-            if node.op in forbid and _key(node) not in kept:
-                costs[i] = math.inf
-    roots = [snapshot.orig[i] for i in graph.roots()]
-    baseline = _original_choice(graph, snapshot)
+    costs, roots, baseline = extraction_problem(graph, snapshot, profile, weight, forbid)
     for _ in range(20):
         choice, report = extract(nodes, costs, roots, extractor, time_limit, baseline, profile.min_gain)
         order = _topological(nodes, choice, roots)
@@ -147,9 +139,32 @@ def build_plan(
     return plan
 
 
+def extraction_problem(
+    graph: Graph,
+    snapshot: Snapshot,
+    profile: Profile,
+    weight: list[bool] | None = None,
+    forbid: frozenset[str] = frozenset(),
+) -> tuple[list[float], list[str], dict[str, int]]:
+    """What an extractor solves: each e-node's cost (weight-only nodes free, forbidden rewrites infinite), the root
+    e-classes, and the original program's choice."""
+    nodes = snapshot.nodes
+    costs = [_cost(node, snapshot, profile) for node in nodes]
+    if weight is not None:
+        costs = [0.0 if w and math.isfinite(c) else c for c, w in zip(costs, weight, strict=True)]
+    if forbid:
+        kept = _original_keys(graph, snapshot)
+        for i, node in enumerate(nodes):
+            if node.op in forbid and _key(node) not in kept:
+                costs[i] = math.inf
+    return costs, [snapshot.orig[i] for i in graph.roots()], _original_choice(graph, snapshot)
+
+
 def original_cost(graph: Graph, profile: Profile) -> Cost:
+    """The cost of the program as captured, over the nodes its results need (dead code is free in XLA too)."""
     total = Cost()
-    for node in graph.nodes:
+    for i in sorted(reachable(graph)):
+        node = graph.nodes[i]
         in_shapes = [graph.nodes[i].shape for i in node.inputs]
         total += node_cost(node.op, in_shapes, node.shape, node.dtype, profile)
     return total
