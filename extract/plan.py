@@ -124,8 +124,10 @@ def build_plan(
     nodes = snapshot.nodes
     weight = _weight_nodes(nodes, params) if params else [False] * len(nodes)
     costs, roots, baseline = extraction_problem(graph, snapshot, profile, weight, forbid)
+    method = extractor
     for _ in range(20):
-        choice, report = extract(nodes, costs, roots, extractor, time_limit, baseline, profile.min_gain)
+        choice, report = extract(nodes, costs, roots, method, time_limit, baseline, profile.min_gain)
+        method = "greedy" if extractor == "auto" else extractor  # after a ban, the ILP has had its turn
         order = _topological(nodes, choice, roots)
         banned = [i for i in order if not _typechecks(nodes[i], snapshot)]
         if not banned:
