@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+
+from extract.cost import value_bytes
 
 if TYPE_CHECKING:  # at runtime only duck-typed, so that extract.plan may import this module
     from extract.plan import Plan
 
 MEMORY_OPTIMIZED = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
-_KEY_BYTES = 8  # a PRNG key (key<fry>) is two uint32 words; jnp.dtype does not know key dtypes
 
 
 @dataclass(frozen=True)
@@ -32,13 +32,7 @@ class Interval:
 
 def nbytes(shape: tuple[int, ...] | None, dtype: str | None) -> int:
     """Bytes of one array value; 0 for the tuple value of a multi-result opaque call (its Gets hold the data)."""
-    if shape is None or dtype is None:
-        return 0
-    try:
-        itemsize = jnp.dtype(dtype).itemsize
-    except TypeError:
-        itemsize = _KEY_BYTES
-    return int(np.prod(shape, dtype=np.int64)) * itemsize
+    return 0 if dtype is None else value_bytes(shape, dtype)
 
 
 def liveness(plan: "Plan", order: Sequence[int] | None = None, donated: bool = False) -> list[Interval]:

@@ -17,7 +17,7 @@ import numpy as np
 from jax.extend import core as jcore
 
 from backends.lower import lower, weight_boundary
-from backends.memory import MEMORY_OPTIMIZED, MemoryReport, figure_of, memory_report
+from backends.memory import MEMORY_OPTIMIZED, MemoryReport, figure_of, fit_budget, memory_report
 from eqsat import progress
 from eqsat import rules as rule_sources
 from eqsat.capture import capture
@@ -203,6 +203,8 @@ class Optimized:
             if self._dispatch.donate_argnums:
                 entry.plan.memory.applied.append(f"donated arguments {self._dispatch.donate_argnums}")
             if self.memory_budget is not None and figure["total"] > self.memory_budget:
+                if self._rematerialize(entry, call_args):
+                    continue
                 warnings.warn(
                     f"eqsat: {getattr(self.fun, '__name__', 'the function')} needs {figure['total']} bytes by XLA's "
                     "measure, "
@@ -211,6 +213,22 @@ class Optimized:
                     EqsatWarning,
                     stacklevel=4,
                 )
+
+    def _rematerialize(self, entry: _Entry, call_args: tuple) -> bool:
+        """For a gradient of a loss (jax.grad keeps the loss as __wrapped__): run the loss as rematerialized segments
+        (backends.memory.fit_budget) and use that program if it fits and matches."""
+        loss = getattr(self.fun, "__wrapped__", None)
+        if loss is None or self.static_argnums:
+            return False
+        fitted, report = fit_budget(self.fun, call_args, self.memory_budget, loss=loss)
+        if not report.fits:
+            return False
+        tree = jax.tree_util.tree_structure(list(call_args))
+        entry.call = lambda *flat: jax.tree_util.tree_leaves(fitted(*jax.tree_util.tree_unflatten(tree, flat)))
+        entry.plan.memory.xla = report.achieved
+        entry.plan.memory.applied.append(report.mechanism)
+        self._dispatch.reset()
+        return True
 
     def plan(self, *args: Any, prepared: bool | None = None) -> Plan:
         """The plan for arguments of these shapes and dtypes (built if needed).
@@ -279,7 +297,15 @@ class Optimized:
         t2 = time.perf_counter()
         params = self._param_names(args) if prepared else frozenset()
         progress.begin("extract", f"extract ({self.extractor}{', weights prepared' if prepared else ''})")
-        plan = build_plan(graph, snapshot, self.profile, params, self.extractor, self.limits.extract_seconds)
+        plan = build_plan(
+            graph,
+            snapshot,
+            self.profile,
+            params,
+            self.extractor,
+            self.limits.extract_seconds,
+            memory_weight=1.0 if self.memory_budget is not None else 0.0,  # a budget makes memory a cost term
+        )
         plan.stats.update(capture_s=capture_s, saturate_s=saturate_s, extract_s=time.perf_counter() - t2)
         log.info("eqsat: %s\n%s", name, plan.summary())
         original = jax.jit(flat_fun)

@@ -117,9 +117,8 @@ def node_cost(
     op: str, in_shapes: list[Shape | None], out_shape: Shape | None, dtype: str | None, profile: Profile
 ) -> Cost:
     """The predicted cost of one node; in_shapes are its tensor inputs' shapes."""
-    itemsize = _itemsize(dtype)
-    out_bytes = prod(out_shape) * itemsize if out_shape is not None else 0
-    in_bytes = sum(prod(s) * itemsize for s in in_shapes if s is not None)
+    out_bytes = value_bytes(out_shape, dtype)
+    in_bytes = sum(value_bytes(s, dtype) for s in in_shapes)
     cost_class = class_of(op)
     if cost_class == "source":
         return Cost()
@@ -140,8 +139,12 @@ def node_cost(
     return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
 
 
-def _itemsize(dtype: str | None) -> int:
+def value_bytes(shape: Shape | None, dtype: str | None) -> int:
+    """Bytes of one array value; 0 for a value without a shape (the tuple of a multi-result opaque call)."""
+    if shape is None:
+        return 0
     try:
-        return np.dtype(dtype).itemsize if dtype else 4
-    except TypeError:  # jax's extended dtypes (PRNG keys): priced as one word
-        return 4
+        itemsize = np.dtype(dtype).itemsize if dtype else 4
+    except TypeError:  # jax's extended dtypes: a PRNG key (key<fry>) is two uint32 words
+        itemsize = 8
+    return prod(shape) * itemsize

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from eqsat.ir import Graph, Shape
 from eqsat.ops import OPS, infer
 from eqsat.saturate import ENode, Snapshot
-from extract.cost import Cost, Profile, node_cost
+from extract.cost import Cost, Profile, node_cost, value_bytes
 from extract.extractors import extract
 
 if TYPE_CHECKING:
@@ -113,17 +113,19 @@ def build_plan(
     extractor: str = "auto",
     time_limit: float = 1.0,
     forbid: frozenset[str] = frozenset(),
+    memory_weight: float = 0.0,
 ) -> Plan:
     """Extract the cheapest well-typed program; nodes whose lowering does not type-check are banned.
 
     params: the Var names of declared parameters. Nodes computed from parameters and constants alone are
     then free, since `prepare` runs them once. extractor: "greedy", "ilp" or "auto" (greedy, then the ILP
     warm-started from it within time_limit seconds, keeping the cheaper). forbid: ops that may not appear
-    rewritten (auto-tuning's way to draw distinct candidates).
+    rewritten (auto-tuning's way to draw distinct candidates). memory_weight: each value's bytes priced again,
+    this many times, as memory (under a memory budget).
     """
     nodes = snapshot.nodes
     weight = _weight_nodes(nodes, params) if params else [False] * len(nodes)
-    costs, roots, baseline = extraction_problem(graph, snapshot, profile, weight, forbid)
+    costs, roots, baseline = extraction_problem(graph, snapshot, profile, weight, forbid, memory_weight)
     method = extractor
     for _ in range(20):
         choice, report = extract(nodes, costs, roots, method, time_limit, baseline, profile.min_gain)
@@ -147,13 +149,19 @@ def extraction_problem(
     profile: Profile,
     weight: list[bool] | None = None,
     forbid: frozenset[str] = frozenset(),
+    memory_weight: float = 0.0,
 ) -> tuple[list[float], list[str], dict[str, int]]:
-    """What an extractor solves: each e-node's cost (weight-only nodes free, forbidden rewrites infinite), the root
-    e-classes, and the original program's choice."""
+    """What an extractor solves: each e-node's cost (weight-only nodes free, forbidden rewrites infinite, the
+    bytes of its value priced memory_weight more times), the root e-classes, and the original program's choice."""
     nodes = snapshot.nodes
     costs = [_cost(node, snapshot, profile) for node in nodes]
     if weight is not None:
         costs = [0.0 if w and math.isfinite(c) else c for c, w in zip(costs, weight, strict=True)]
+    if memory_weight:
+        for i, node in enumerate(nodes):
+            if costs[i] and math.isfinite(costs[i]):
+                size = value_bytes(snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass))
+                costs[i] += memory_weight * size / profile.bandwidth
     if forbid:
         kept = _original_keys(graph, snapshot)
         for i, node in enumerate(nodes):

@@ -1,6 +1,7 @@
 """Memory planning: liveness, offset planning, memory-aware order, XLA's figures, budgets, donation."""
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -159,3 +160,19 @@ def test_best_fit_full_scale(name: str) -> None:
 def test_fit_budget_full_train_step() -> None:
     w = MODELS["train_step"]("full")  # 4 layers; fn is jax.value_and_grad(loss), which keeps loss as __wrapped__
     _check_budget(w.fn, w.args, w.fn.__wrapped__)
+
+
+def test_optimize_with_a_budget_rematerializes_a_gradient() -> None:
+    """optimize(jax.value_and_grad(loss), memory_budget=...) fits 70% of XLA's figure through remat segments."""
+    loss, args = _residual_mlp()
+    step = jax.value_and_grad(loss)
+    budget = int(0.7 * M.xla_figure(step, args)["total"])
+    fast = eqsat.optimize(step, memory_budget=budget)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # fitting: no over-budget warning
+        got = fast(*args)
+    for want, have in zip(jax.tree_util.tree_leaves(step(*args)), jax.tree_util.tree_leaves(got), strict=True):
+        np.testing.assert_allclose(np.asarray(have), np.asarray(want), rtol=2e-4, atol=1e-6)
+    memory = fast.plan(*args).memory
+    assert memory.xla["total"] <= budget
+    assert any("segments" in step for step in memory.applied)
