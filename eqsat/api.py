@@ -537,13 +537,13 @@ def _mismatch(expected: list[Any], got: list[Any]) -> str | None:
                 return f"result {k}: {np.sum(want != have)} elements differ"
             continue
         w, h = want.astype(np.float64), have.astype(np.float64)
-        if not np.array_equal(np.isnan(w), np.isnan(h)):
-            return f"result {k}: NaNs in different places"
+        # Where the original overflowed (inf or NaN) a finite result is accepted: the stable forms do this on
+        # purpose. The reverse, an inf or NaN the original did not produce, is a mismatch.
+        if np.any(~np.isfinite(h) & ~((h == w) | (np.isnan(h) & np.isnan(w)))):
+            return f"result {k}: inf or NaN where the original has a different value"
         finite = np.isfinite(w) & np.isfinite(h)
         scale = float(np.max(np.abs(w[finite]), initial=1.0))
         error = np.abs(w - h)[finite]
         if error.size and float(error.max()) > rtol * scale:
             return f"result {k}: max abs error {float(error.max()):.3g} > {rtol:g} x max |value| {scale:.3g}"
-        if not np.array_equal(w[~finite], h[~finite]):
-            return f"result {k}: infinities differ"
     return None

@@ -250,6 +250,26 @@ OPS: dict[str, OpSpec] = {
             )
             for name, fn in (("ReduceSum", lax.reduce_sum), ("ReduceMax", lax.reduce_max))
         ),
+        # numerically stable composites that rules/stable.egg rewrites naive forms into (never captured)
+        OpSpec(
+            "Softmax",
+            ("i64",),
+            1,
+            "elementwise",
+            lambda attrs, a: jax.nn.softmax(a, axis=attrs[0]),
+            ("(rule ((= e (Softmax k0 a)) (= sa (shape a)) (>= k0 0) (< k0 (vec-length sa))) ((set (shape e) sa)))",),
+        ),
+        OpSpec(
+            "LogSumExp",
+            ("i64",),
+            1,
+            "elementwise",
+            lambda attrs, a: jax.nn.logsumexp(a, axis=attrs[0]),
+            (
+                "(rule ((= e (LogSumExp k0 a)) (= sa (shape a)) (>= k0 0) (< k0 (vec-length sa)))"
+                " ((set (shape e) (vec-remove sa k0))))",
+            ),
+        ),
         # (Concat axis a b)
         OpSpec(
             "Concat",

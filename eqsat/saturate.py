@@ -33,6 +33,7 @@ class ENode:
     eclass: str
     children: tuple[str, ...]  # e-classes of the tensor / list arguments
     attrs: tuple[int | str, ...]  # literal i64 / String arguments, in order
+    subsumed: bool = False  # a rule replaced it (:subsume), e.g. an unstable softmax: never extracted
 
 
 @dataclass
@@ -160,7 +161,7 @@ def _snapshot(egraph: egg.EGraph) -> Snapshot:
         elif not node_id.startswith("primitive-"):
             attrs = tuple(literal[c] for c in children if c in literal)
             kids = tuple(raw[c]["eclass"] for c in children if c not in literal)
-            nodes.append(ENode(op, node["eclass"], kids, attrs))
+            nodes.append(ENode(op, node["eclass"], kids, attrs, bool(node.get("subsumed"))))
     return Snapshot(nodes, shape, dtype, orig, "", 0, 0.0)
 
 

@@ -659,6 +659,34 @@ def _gen_opaque(draw: DrawFn, prog: Program) -> int:
     return prog.apply("sort_by", lambda x, y: lax.sort((x, y), num_keys=1)[1], a, b)
 
 
+def _gen_naive_softmax(draw: DrawFn, prog: Program) -> int:
+    """exp(x) / sum(exp(x)) over the last axis, rank 2-4, as people write it: what the stable-softmax rules match."""
+    x = prog.fresh(_dims(draw, draw(st.integers(2, 4))))
+    return prog.apply("naive_softmax", lambda v: jnp.exp(v) / jnp.sum(jnp.exp(v), axis=-1, keepdims=True), x)
+
+
+def _gen_naive_logsumexp(draw: DrawFn, prog: Program) -> int:
+    """log(sum(exp(x))) over an axis, or log-softmax x - log(sum(exp(x), keepdims)): the stable-logsumexp rule."""
+    x = prog.fresh(_dims(draw, draw(st.integers(1, 3))))
+    axis = draw(st.integers(0, len(prog.shapes[x]) - 1))
+    if draw(st.booleans()):
+        return prog.apply("naive_lse", lambda v: jnp.log(jnp.sum(jnp.exp(v), axis=axis)), x)
+    return prog.apply("naive_log_softmax", lambda v: v - jnp.log(jnp.sum(jnp.exp(v), axis=axis, keepdims=True)), x)
+
+
+def _unary_of_broadcast(fn: Callable[[Any], Any]) -> Callable[[DrawFn, Program], int]:
+    """fn of a broadcast value: what moving unary ops before broadcasts matches."""
+
+    def gen(draw: DrawFn, prog: Program) -> int:
+        a = prog.fresh(_dims(draw, draw(st.integers(1, 2))))
+        out = (draw(st.integers(1, 4)), *prog.shapes[a])
+        return prog.apply(
+            f"{fn.__name__}_of_bcast", lambda v: fn(lax.broadcast_in_dim(v, out, tuple(range(1, len(out))))), a
+        )
+
+    return gen
+
+
 # One entry per op of the table (the JAX that captures as it) or rule pattern; a new op needs one entry here.
 # Ops only rules create (Concat and Slice while capture does not model them) still get an entry: their JAX
 # is captured as an opaque call until capture learns them.
@@ -700,6 +728,11 @@ GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     "shared-dots": _gen_shared_dots,
     "transposed": _gen_transposed,
     "scale-shift": _gen_scale_shift,
+    "Softmax": _gen_naive_softmax,
+    "LogSumExp": _gen_naive_logsumexp,
+    "exp-of-bcast": _unary_of_broadcast(lambda v: lax.exp(lax.tanh(v))),
+    "tanh-of-bcast": _unary_of_broadcast(lax.tanh),
+    "log-of-bcast": _unary_of_broadcast(lambda v: lax.log(lax.exp(lax.tanh(v)))),
 }
 
 

@@ -154,7 +154,7 @@ def extraction_problem(
     """What an extractor solves: each e-node's cost (weight-only nodes free, forbidden rewrites infinite, the
     bytes of its value priced memory_weight more times), the root e-classes, and the original program's choice."""
     nodes = snapshot.nodes
-    costs = [_cost(node, snapshot, profile) for node in nodes]
+    costs = [math.inf if node.subsumed else _cost(node, snapshot, profile) for node in nodes]
     if weight is not None:
         costs = [0.0 if w and math.isfinite(c) else c for c, w in zip(costs, weight, strict=True)]
     if memory_weight:

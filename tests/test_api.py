@@ -284,3 +284,30 @@ def test_memory_budget_and_donation():
     tight = eqsat.optimize(f, memory_budget=1000)
     with pytest.warns(eqsat.EqsatWarning, match="over the budget of 1000"):
         tight(x, w)
+
+
+def test_naive_softmax_and_logsumexp_become_stable():
+    def naive_softmax(x):
+        e = jnp.exp(x)
+        return e / jnp.sum(e, axis=-1, keepdims=True)
+
+    def naive_log_softmax(x):
+        return x - jnp.log(jnp.sum(jnp.exp(x), axis=-1, keepdims=True))
+
+    x = jnp.array([[1.0, 2.0, 3.0], [100.0, 200.0, 300.0]])  # exp overflows on the second row
+    assert not np.isfinite(np.asarray(jax.jit(naive_softmax)(x))).all()
+    for naive, stable in ((naive_softmax, jax.nn.softmax), (naive_log_softmax, jax.nn.log_softmax)):
+        fast = eqsat.optimize(naive)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # finite where the original overflowed is not a mismatch
+            _close(fast(x), stable(x))
+        assert {"Softmax", "LogSumExp"} & set(fast.plan(x).rewritten_ops())
+
+
+def test_validation_rejects_new_infinities_and_accepts_removed_ones():
+    from eqsat.api import _mismatch
+
+    finite, overflowed = [np.array([1.0, 2.0], np.float32)], [np.array([1.0, np.inf], np.float32)]
+    assert _mismatch(finite, overflowed) is not None
+    assert _mismatch(overflowed, finite) is None
+    assert _mismatch([np.array([np.nan], np.float32)], [np.array([np.nan], np.float32)]) is None
