@@ -136,9 +136,11 @@ def extract(
     assert choice is not None
     if baseline is not None:
         try:
-            report["baseline_cost"] = dag_cost(nodes, costs, baseline, roots)
+            baseline_cost = dag_cost(nodes, costs, baseline, roots)
         except ValueError:  # a baseline node was banned (ill-typed): it cannot be kept
-            report["baseline_cost"] = math.inf
-        if report["baseline_cost"] * (1 - min_gain) <= dag_cost(nodes, costs, choice, roots):
+            baseline_cost = math.inf
+        if math.isfinite(baseline_cost):  # subsumed (replaced) original nodes make it infinite: not an option
+            report["baseline_cost"] = baseline_cost
+        if baseline_cost * (1 - min_gain) <= dag_cost(nodes, costs, choice, roots):
             choice, report["method"] = {c: baseline[c] for c in reachable(nodes, baseline, roots)}, "original"
     return choice, report
