@@ -41,7 +41,7 @@ def nasrnn_cell(scale: str = "full") -> Workload:
         mixed += [jnp.tanh(gates[4]) + jax.nn.sigmoid(gates[5]), jax.nn.relu(gates[6]) * jnp.tanh(gates[7])]
         return jnp.tanh(mixed[0] * mixed[1] + mixed[2] * mixed[3])
 
-    return Workload("nasrnn_cell", cell, (params, x, h), (0,))
+    return Workload("nasrnn_cell", cell, (params, x, h), (0,), "NasRNN cell, hidden 512, 8 gates x @ W_i + h @ U_i")
 
 
 def inception_siblings(scale: str = "full") -> Workload:
@@ -53,7 +53,7 @@ def inception_siblings(scale: str = "full") -> Workload:
     def siblings(p: Any, x: jax.Array) -> jax.Array:
         return jnp.concatenate([layers.conv2d(x, p[f"w{i}"]) for i in range(4)], axis=-1)
 
-    return Workload("inception_siblings", siblings, (params, x), (0,))
+    return Workload("inception_siblings", siblings, (params, x), (0,), "four sibling 1x1 convs, 35x35x192, concat")
 
 
 def conv_bn(scale: str = "full") -> Workload:
@@ -64,7 +64,8 @@ def conv_bn(scale: str = "full") -> Workload:
         "bn": {"scale": jax.random.normal(keys[1], (64,)), "shift": jax.random.normal(keys[2], (64,))},
     }
     x = jax.random.normal(keys[3], (1, 56, 56, 64))
-    return Workload("conv_bn_relu", lambda p, x: layers.conv_bn(x, p), (params, x), (0,))
+    note = "conv 3x3 56x56x64 + BatchNorm (inference) + relu"
+    return Workload("conv_bn_relu", lambda p, x: layers.conv_bn(x, p), (params, x), (0,), note)
 
 
 EXAMPLES = {

@@ -18,7 +18,7 @@ def demo(args: argparse.Namespace) -> int:
             return 2
         work = EXAMPLES[name](args.scale)
         prepared = " (weights declared and prepared)" if work.params_argnums else ""
-        print(f"== {work.name}: {work.note or (work.fn.__doc__ or '').strip()}{prepared}")
+        print(f"== {work.name}: {work.note}{prepared}")
         timing, fast = against_jit(work, args.target, prepare=True, seconds=args.seconds)
         print(fast.plan(*work.args).summary())
         print(f"  measured         {timing}")
