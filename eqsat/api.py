@@ -31,7 +31,7 @@ from extract.plan import Plan, build_plan
 log = logging.getLogger("eqsat")
 
 
-_BODY_PARAMS = ("jaxpr", "cond_jaxpr", "body_jaxpr")  # sub-programs of scan, while, remat (cond: branches)
+_SUBPROGRAM_PARAMS = ("jaxpr", "cond_jaxpr", "body_jaxpr")  # sub-programs of scan, while, remat (cond: branches)
 
 
 class EqsatWarning(UserWarning):
@@ -351,7 +351,7 @@ class Optimized:
         for k, call in enumerate(graph.opaque):
             changed = {}
             for name, value in call.params.items():
-                if name in _BODY_PARAMS and isinstance(value, jcore.Jaxpr):
+                if name in _SUBPROGRAM_PARAMS and isinstance(value, jcore.Jaxpr):
                     changed[name] = self._optimize_body(value)
                 elif name == "branches" and isinstance(value, tuple):
                     changed[name] = tuple(self._optimize_body(b) for b in value)

@@ -15,7 +15,7 @@ from eqsat.ir import Graph, Node, Opaque
 from eqsat.ops import CAPTURED_PRIMITIVES
 
 INLINED = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call"}
-_BODY_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+_INLINED_BODY_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 
 def capture(closed: jcore.ClosedJaxpr) -> Graph:
@@ -184,7 +184,7 @@ def _model_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[st
 
 
 def _body(params: dict[str, Any]) -> jcore.ClosedJaxpr | None:
-    for key in _BODY_PARAMS:
+    for key in _INLINED_BODY_PARAMS:
         body = params.get(key)
         if isinstance(body, jcore.ClosedJaxpr):
             return body
