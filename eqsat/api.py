@@ -129,22 +129,23 @@ class Optimized:
                 f"prepare() takes the {len(self.params_argnums)} parameter argument(s) {self.params_argnums}"
             )
         params_flat = jax.tree_util.tree_leaves(params)
-        ready: dict[Any, tuple[Callable[..., list[Any]], list[Any], Any]] = {}
+        ready: dict[Any, Callable[[tuple, list[Any]], Any]] = {}
 
         def prepared(*rest: Any) -> Any:
             leaves, tree = jax.tree_util.tree_flatten(rest)
             key = (tree, tuple((np.shape(x), jax.numpy.result_type(x)) for x in leaves))
             if key not in ready:
-                ready[key] = self._prepare_signature(params, rest)
-            run, weights, out_tree = ready[key]
-            return jax.tree_util.tree_unflatten(out_tree, run(params_flat, leaves, weights))
+                ready[key] = self._prepare_signature(params, rest, params_flat)
+            return ready[key](rest, leaves)
 
         return prepared
 
-    def _prepare_signature(self, params: tuple, rest: tuple) -> tuple:
+    def _prepare_signature(self, params: tuple, rest: tuple, params_flat: list[Any]) -> Callable[[tuple, list], Any]:
         """Plan, validate and run the weight-only subgraph once, for one signature of the other arguments.
 
-        Returns run(param leaves, other leaves, weights), jitted, with the leaves put in order at trace time."""
+        Returns call(other arguments, their leaves). An unchanged plan calls the original through jax.jit, exactly
+        as the caller would; otherwise the plan runs with the prepared weights, the leaves put in order at trace
+        time."""
         args = _merge_params(self.params_argnums, params, rest)
         flat, key = self._flatten(args)
         entry = self._entry(args, flat, key, prepared=True)
@@ -159,12 +160,13 @@ class Optimized:
             return [next(p) if param else next(r) for param in is_param]
 
         if entry.call is entry.original:
-            original = entry.original
-            return jax.jit(lambda p, r, w: original(*ordered(p, r))), [], entry.out_tree
+            original = jax.jit(self.fun, static_argnums=self.static_argnums)
+            return lambda rest_args, _leaves: original(*_merge_params(self.params_argnums, params, rest_args))
         boundary = weight_boundary(entry.plan)
         weights = jax.jit(lower(entry.plan, outputs=boundary))(*flat)
         body = lower(entry.plan, given=boundary)
-        return jax.jit(lambda p, r, w: body(*ordered(p, r), *w)), weights, entry.out_tree
+        run = jax.jit(lambda p, r, w: body(*ordered(p, r), *w))
+        return lambda _rest, leaves: jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, weights))
 
     def _traced(self, *args: Any) -> Any:
         """The body jax.jit traces: look up (or build) the plan for these shapes and inline it."""
