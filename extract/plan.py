@@ -66,9 +66,9 @@ class Plan:
         )
 
     def rules_involved(self) -> list[str]:
-        """Fired rules whose text mentions an op the plan rewrote: the suspects when a plan is wrong."""
+        """Fired rules whose name or text mentions an op the plan rewrote: the suspects when a plan is wrong."""
         ops = set(self.rewritten_ops())
-        return sorted(rule for rule in self.rules_fired if any(f"({op} " in rule or op in rule for op in ops))
+        return sorted(rule for rule in self.rules_fired if any(op.lower() in rule.lower() for op in ops))
 
     def summary(self) -> str:
         lines = [
