@@ -162,9 +162,7 @@ class Optimized:
         if entry.call is entry.original:
             original = jax.jit(self.fun, static_argnums=self.static_argnums)
             return lambda rest_args, _leaves: original(*_merge_params(self.params_argnums, params, rest_args))
-        boundary = weight_boundary(entry.plan)
-        weights = jax.jit(lower(entry.plan, outputs=boundary))(*flat)
-        body = lower(entry.plan, given=boundary)
+        body, weights = _with_weights(entry.plan, flat)
         run = jax.jit(lambda p, r, w: body(*ordered(p, r), *w))
         return lambda _rest, leaves: jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, weights))
 
@@ -208,10 +206,9 @@ class Optimized:
                 if self._rematerialize(entry, call_args):
                     continue
                 warnings.warn(
-                    f"eqsat: {getattr(self.fun, '__name__', 'the function')} needs {figure['total']} bytes by XLA's "
-                    "measure, "
-                    f"over the budget of {self.memory_budget}; for a training step, eqsat.fit_budget(grad_fn, args, "
-                    "budget, loss=loss) rematerializes segments of the loss",
+                    f"eqsat: {getattr(self.fun, '__name__', 'the function')} needs {figure['total']} bytes by "
+                    f"XLA's measure, over the budget of {self.memory_budget}; for a training step, "
+                    "eqsat.fit_budget(grad_fn, args, budget, loss=loss) rematerializes segments of the loss",
                     EqsatWarning,
                     stacklevel=4,
                 )
@@ -299,15 +296,7 @@ class Optimized:
         t2 = time.perf_counter()
         params = self._param_names(args) if prepared else frozenset()
         progress.begin("extract", f"extract ({self.extractor}{', weights prepared' if prepared else ''})")
-        plan = build_plan(
-            graph,
-            snapshot,
-            self.profile,
-            params,
-            self.extractor,
-            self.limits.extract_seconds,
-            memory_weight=1.0 if self.memory_budget is not None else 0.0,  # a budget makes memory a cost term
-        )
+        plan = self._extract(graph, snapshot, params)
         plan.stats.update(capture_s=capture_s, saturate_s=saturate_s, extract_s=time.perf_counter() - t2)
         log.info("eqsat: %s\n%s", name, plan.summary())
         original = jax.jit(flat_fun)
@@ -317,6 +306,15 @@ class Optimized:
             return _Entry(plan, original, original, out_tree, validated=True)
         optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
         return _Entry(plan, optimized, original, out_tree, validated=not self.validate)
+
+    def _extract(
+        self, graph: Graph, snapshot: Any, params: frozenset[str], forbid: frozenset[str] = frozenset()
+    ) -> Plan:
+        """build_plan with this optimizer's target, extractor and budgets (a memory budget makes memory a cost)."""
+        memory_weight = 1.0 if self.memory_budget is not None else 0.0
+        return build_plan(
+            graph, snapshot, self.profile, params, self.extractor, self.limits.extract_seconds, forbid, memory_weight
+        )
 
     def _autotune(
         self, best: Plan, graph: Graph, snapshot: Any, params: frozenset[str], flat: list[Any], original: Any
@@ -328,16 +326,14 @@ class Optimized:
         bans = [frozenset({op}) for op in sorted(rewritten)] + ([rewritten] if len(rewritten) > 1 else [])
         candidates = {_shape_of(best): ("extracted plan", best)}
         for ban in bans:
-            plan = build_plan(graph, snapshot, self.profile, params, self.extractor, self.limits.extract_seconds, ban)
+            plan = self._extract(graph, snapshot, params, forbid=ban)
             candidates.setdefault(_shape_of(plan), (f"without new {'/'.join(sorted(ban))}", plan))
         ranked = sorted(candidates.values(), key=lambda c: c[1].predicted.seconds)[: self.autotune]
         concrete = [_example_like(x, i) if isinstance(x, jax.core.Tracer) else x for i, x in enumerate(flat)]
         rows = [("original (jax.jit)", None, best.original.seconds, median_time(original, concrete, 0.3))]
         for label, plan in ranked:
-            boundary = weight_boundary(plan) if params else []
-            weights = jax.jit(lower(plan, outputs=boundary))(*concrete) if boundary else []
-            run = jax.jit(lower(plan, given=boundary))
-            rows.append((label, plan, plan.predicted.seconds, median_time(run, (*concrete, *weights), 0.3)))
+            body, weights = _with_weights(plan, concrete)
+            rows.append((label, plan, plan.predicted.seconds, median_time(jax.jit(body), (*concrete, *weights), 0.3)))
         label, chosen, _, _ = min(rows, key=lambda r: r[3])
         chosen = chosen or best
         chosen.autotune = [
@@ -366,14 +362,7 @@ class Optimized:
         """The body re-planned, or the body itself when nothing changed or the result would not fit in its place."""
         graph = capture(body)
         self._optimize_bodies(graph)
-        plan = build_plan(
-            graph,
-            saturate(graph, self.rules, self.limits),
-            self.profile,
-            frozenset(),
-            self.extractor,
-            self.limits.extract_seconds,
-        )
+        plan = self._extract(graph, saturate(graph, self.rules, self.limits), frozenset())
         if plan.unchanged:
             return body
         inner = body.jaxpr
@@ -443,8 +432,9 @@ def optimize(
     warning, on a mismatch. limits: bounds on saturation (eqsat.Limits). extractor: "greedy" (greedy DAG),
     "ilp" (exact, HiGHS) or "auto" (both within a time budget, the cheaper kept). autotune: compile and measure
     this many of the best distinct candidate plans (and the original) on this device and keep the fastest.
-    memory_budget: bytes; compiles with XLA:CPU's memory-optimized scheduler, records XLA's figure in the plan
-    (plan.memory) and warns when it is over. donate_argnums: as in jax.jit.
+    memory_budget: bytes; memory becomes a term of the extraction cost, XLA:CPU's memory-optimized scheduler is
+    used, XLA's figure goes into plan.memory; a gradient still over budget runs its loss as rematerialized
+    segments, anything else warns. donate_argnums: as in jax.jit.
     """
     settings = dict(
         target=target,
@@ -466,6 +456,14 @@ def optimize(
             f"eqsat.optimize expects a callable (a function of JAX arrays), got {type(fun).__name__}: {fun!r:.80}"
         )
     return Optimized(fun, **settings)
+
+
+def _with_weights(plan: Plan, flat: list[Any]) -> tuple[Callable[..., list[Any]], list[Any]]:
+    """The plan as fn(*flat, *weights) and its weight-only values computed once on these arguments (none when no
+    parameters were declared: then no node is weight-only)."""
+    boundary = weight_boundary(plan)
+    weights = jax.jit(lower(plan, outputs=boundary))(*flat) if boundary else []
+    return lower(plan, given=boundary), weights
 
 
 def _shape_of(plan: Plan) -> tuple:

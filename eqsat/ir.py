@@ -43,9 +43,8 @@ class Graph:
     def roots(self) -> list[int]:
         return [*self.outputs, *self.effects]
 
-    def op_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for node in self.nodes:
-            name = self.opaque[node.attrs[0]].primitive.name if node.op == "Op" else node.op
-            counts[name] = counts.get(name, 0) + 1
-        return counts
+    def op_name(self, op: str, attrs: tuple) -> str:
+        """What a person calls the op: the primitive's name for an opaque call, else the IR op."""
+        if op == "Op" and attrs and 0 <= attrs[0] < len(self.opaque):
+            return self.opaque[attrs[0]].primitive.name
+        return op

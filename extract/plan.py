@@ -163,7 +163,7 @@ def extraction_problem(
                 size = value_bytes(snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass))
                 costs[i] += memory_weight * size / profile.bandwidth
     if forbid:
-        kept = _original_keys(graph, snapshot)
+        kept = set(_original_keys(graph, snapshot))
         for i, node in enumerate(nodes):
             if node.op in forbid and _key(node) not in kept:
                 costs[i] = math.inf
@@ -243,7 +243,7 @@ def _assemble(
     graph: Graph, snapshot: Snapshot, profile: Profile, weight: list[bool], choice: dict[str, int], order: list[int]
 ) -> Plan:
     nodes = snapshot.nodes
-    kept = _original_keys(graph, snapshot)
+    kept = set(_original_keys(graph, snapshot))
     index: dict[str, int] = {}  # e-class -> plan node
     lists: dict[str, tuple[int, ...]] = {}  # TList e-class -> plan nodes
     plan_nodes: list[PlanNode] = []
@@ -304,11 +304,9 @@ def _original_choice(graph: Graph, snapshot: Snapshot) -> dict[str, int]:
     choice stays acyclic."""
     by_key = {_key(node): i for i, node in enumerate(snapshot.nodes)}
     choice: dict[str, int] = {}
-    for i, node in enumerate(graph.nodes):
-        inputs = () if node.op == "Op" else tuple(snapshot.orig[j] for j in node.inputs)
-        key = (snapshot.orig.get(i), node.op, tuple(node.attrs), inputs)
+    for key in _original_keys(graph, snapshot):  # in program order
         if key in by_key:
-            choice.setdefault(snapshot.orig[i], by_key[key])
+            choice.setdefault(key[0], by_key[key])
     for i, node in enumerate(snapshot.nodes):  # TList cells of opaque calls are not graph nodes; any will do
         if node.op in ("TCons", "TNil"):
             choice.setdefault(node.eclass, i)
@@ -319,10 +317,10 @@ def _key(node: ENode) -> tuple:
     return (node.eclass, node.op, tuple(node.attrs), () if node.op == "Op" else node.children)
 
 
-def _original_keys(graph: Graph, snapshot: Snapshot) -> set[tuple]:
-    """(e-class, op, attrs, input e-classes) of every original node, to tell rewritten plan nodes apart."""
-    keys = set()
-    for i, n in enumerate(graph.nodes):
-        inputs = () if n.op == "Op" else tuple(snapshot.orig[j] for j in n.inputs)
-        keys.add((snapshot.orig.get(i), n.op, tuple(n.attrs), inputs))
-    return keys
+def _original_keys(graph: Graph, snapshot: Snapshot) -> list[tuple]:
+    """(e-class, op, attrs, input e-classes) of every original node, in program order: what _key gives the e-node
+    that is that original node, to tell rewritten plan nodes apart."""
+    return [
+        (snapshot.orig.get(i), n.op, tuple(n.attrs), () if n.op == "Op" else tuple(snapshot.orig[j] for j in n.inputs))
+        for i, n in enumerate(graph.nodes)
+    ]

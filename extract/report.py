@@ -249,9 +249,7 @@ class _Program:
 
 
 def _op_name(op: str, attrs: tuple[Any, ...], graph: Graph | None) -> str:
-    if op == "Op" and graph is not None and attrs and 0 <= attrs[0] < len(graph.opaque):
-        return graph.opaque[attrs[0]].primitive.name
-    return op
+    return graph.op_name(op, attrs) if graph is not None else op
 
 
 def _plan_program(plan: Plan) -> _Program:
