@@ -121,6 +121,29 @@ def _model_reshape(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tupl
     return "Reshape", (tuple(int(d) for d in eqn.params["new_sizes"]),), inputs
 
 
+def _model_squeeze(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    return "Reshape", (tuple(int(d) for d in eqn.outvars[0].aval.shape),), inputs
+
+
+def _model_slice(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    """A unit-stride slice as a chain of single-axis Slices, one per axis it narrows."""
+    p = eqn.params
+    if p["strides"] is not None and any(s != 1 for s in p["strides"]):
+        return None
+    src = graph.nodes[inputs[0]]
+    assert src.shape is not None
+    shape = list(src.shape)
+    cuts = [(axis, lo, hi) for axis, (lo, hi) in enumerate(zip(p["start_indices"], p["limit_indices"], strict=True))]
+    cuts = [(axis, int(lo), int(hi)) for axis, lo, hi in cuts if (lo, hi) != (0, shape[axis])]
+    if not cuts or any(lo >= hi for _, lo, hi in cuts):
+        return None
+    acc = inputs[0]
+    for axis, lo, hi in cuts[:-1]:
+        shape[axis] = hi - lo
+        acc = graph.add(Node("Slice", (acc,), (axis, lo, hi), tuple(shape), src.dtype))
+    return "Slice", cuts[-1], [acc]
+
+
 def _model_reduce(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
     axes = tuple(eqn.params["axes"])
     if len(axes) != 1 or eqn.params.get("out_sharding") is not None:
@@ -215,6 +238,8 @@ _SPECIAL = {
     "concatenate": _model_concat,
     "transpose": _model_transpose,
     "reshape": _model_reshape,
+    "squeeze": _model_squeeze,
+    "slice": _model_slice,
     "reduce_sum": _model_reduce,
     "reduce_max": _model_reduce,
 }

@@ -14,6 +14,10 @@ def prelude() -> str:
         "(function shape (Tensor) Shape :no-merge)",
         "(function dtype (Tensor) String :no-merge)",
         "(relation Orig (i64 Tensor))",
+        # Where a GEMM stands among the GEMMs that share its left operand, in program order, as an interval
+        # (first, last) that merges widen: merge rules join only neighbours, so n GEMMs give O(n^2) merges, not 2^n.
+        "(function gemm-first (Tensor) i64 :merge (min old new))",
+        "(function gemm-last (Tensor) i64 :merge (max old new))",
         f"(ruleset {ANALYSIS})",
         OPAQUE_DECLS.strip(),
     ]
@@ -31,13 +35,18 @@ def prelude() -> str:
 
 
 def encode(graph: Graph) -> str:
-    """Each node as a let-bound term, with its shape and dtype known from capture, tagged (Orig index)."""
+    """Each node as a let-bound term, with its shape and dtype known from capture, tagged (Orig index); each GEMM
+    with its place among the GEMMs sharing its left operand."""
     lines = []
+    gemms_of: dict[int, int] = {}  # left operand -> GEMMs reading it so far
     for i, node in enumerate(graph.nodes):
         lines.append(f"(let $eqsat_n{i} {_term(graph, node)})")
         if node.shape is not None:
             lines.append(f"(set (shape $eqsat_n{i}) {_literal(node.shape)})")
             lines.append(f'(set (dtype $eqsat_n{i}) "{node.dtype}")')
+        if node.op == "Dot":
+            k = gemms_of[node.inputs[0]] = gemms_of.get(node.inputs[0], -1) + 1
+            lines.append(f"(set (gemm-first $eqsat_n{i}) {k}) (set (gemm-last $eqsat_n{i}) {k})")
         lines.append(f"(Orig {i} $eqsat_n{i})")
     return "\n".join(lines)
 

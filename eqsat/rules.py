@@ -38,10 +38,12 @@ def collect(extra: list[str | Path] | str | Path | None = None, disabled: tuple[
         extra = []
     elif isinstance(extra, str | Path):
         extra = [extra]
+    builtin_files = {src.origin for src in groups.values()}
     for i, item in enumerate(extra):
-        sources.append(_user_source(item, i))
-    for src in sources:
-        check_syntax(src)
+        src = _user_source(item, i)
+        if src.origin.startswith("<") or str(Path(src.origin).resolve()) not in builtin_files:
+            sources.append(src)  # a built-in file named again is already in (or disabled on purpose)
+    check_syntax(sources)
     return sources
 
 
@@ -57,14 +59,16 @@ def _user_source(item: str | Path, index: int) -> RuleSource:
     return RuleSource(label, label, item)
 
 
-def check_syntax(src: RuleSource) -> None:
-    """Parse and declare a rule source on an empty e-graph with the prelude; errors name file and line."""
+def check_syntax(sources: list[RuleSource]) -> None:
+    """Parse and declare the rule sources, in order, on an empty e-graph with the prelude; errors (a malformed rule,
+    a rule name used twice) name file and line."""
     graph = egg.EGraph()
     graph.run_program(*graph.parse_program(prelude()))
-    try:
-        graph.run_program(*graph.parse_program(src.text, filename=src.origin))
-    except egg.EggSmolError as error:
-        raise RuleError(located_message(error, src)) from None
+    for src in sources:
+        try:
+            graph.run_program(*graph.parse_program(src.text, filename=src.origin))
+        except egg.EggSmolError as error:
+            raise RuleError(located_message(error, src)) from None
 
 
 _LOCATION = re.compile(r"In (\d+):(\d+)(?:-\d+)? of ([^:]+): ?")

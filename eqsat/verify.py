@@ -445,6 +445,19 @@ def _gen_shared_dots(draw: DrawFn, prog: Program) -> int:
     return prog.apply("dot", _dot, x, prog.fresh((k, draw(st.integers(1, 8)))))
 
 
+def _gen_step_projections(draw: DrawFn, prog: Program) -> int:
+    """xs[t] @ W1 and xs[t] @ W2 for every step t of a sequence (an unrolled RNN's input projections): what batching
+    a GEMM over the steps and merging GEMMs in program order match."""
+    steps, batch, k = draw(st.integers(2, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 8))
+    xs = prog.fresh((steps, batch, k))
+    w1, w2 = prog.fresh((k, draw(st.integers(1, 8)))), prog.fresh((k, draw(st.integers(1, 8))))
+    for t in range(steps):
+        x = prog.apply(f"xs[{t}]", lambda v, t=t: v[t], xs)
+        prog.apply("dot", _dot, x, w1)
+        out = prog.apply("dot", _dot, x, w2)
+    return out
+
+
 def _gen_concat(draw: DrawFn, prog: Program) -> int:
     a = _any(draw, prog)
     shape = prog.shapes[a]
@@ -688,8 +701,7 @@ def _unary_of_broadcast(fn: Callable[[Any], Any]) -> Callable[[DrawFn, Program],
 
 
 # One entry per op of the table (the JAX that captures as it) or rule pattern; a new op needs one entry here.
-# Ops only rules create (Concat and Slice while capture does not model them) still get an entry: their JAX
-# is captured as an opaque call until capture learns them.
+# Ops only rules create (Pad, the stable composites) still get an entry: the JAX that rules rewrite into them.
 GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     "Dot": _gen_dot,
     "BatchDot": _gen_batch_dot,
@@ -726,6 +738,7 @@ GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     "dot-sum": _gen_dot_sum,
     "dot-of-sum": _gen_dot_of_sum,
     "shared-dots": _gen_shared_dots,
+    "step-projections": _gen_step_projections,
     "transposed": _gen_transposed,
     "scale-shift": _gen_scale_shift,
     "Softmax": _gen_naive_softmax,

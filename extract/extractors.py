@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,55 @@ METHODS = ("greedy", "ilp", "auto")
 AUTO_ILP_MAX_NODES = 4000  # beyond this HiGHS rarely beats greedy within a second and overruns its time limit
 
 
+class _Dag:
+    """A choice with the reference count of every class it reaches, so that switching a few classes costs time in
+    proportion to what changes, not to the whole DAG (the sharing pass tries thousands of switches)."""
+
+    def __init__(self, nodes: list[ENode], costs: list[float], choice: dict[str, int], roots: list[str]) -> None:
+        self.nodes, self.costs, self.choice = nodes, costs, choice
+        self.refs: dict[str, int] = {}
+        self.counted: dict[str, int] = {}  # reached class -> the node whose children hold references
+        self.total = 0.0
+        self._update([(+1, r) for r in dict.fromkeys(roots)])
+
+    def switched(self, switch: dict[str, int]) -> _Dag:
+        """A copy with these classes switched; ValueError if a newly reached class has no choice."""
+        new = copy.copy(self)
+        new.choice, new.refs, new.counted = {**self.choice, **switch}, dict(self.refs), dict(self.counted)
+        work = []
+        for c, i in switch.items():
+            old = new.counted.get(c)
+            if old is not None and old != i:
+                new.counted[c] = i
+                new.total += self.costs[i] - self.costs[old]
+                work += [(+1, k) for k in set(self.nodes[i].children)]
+                work += [(-1, k) for k in set(self.nodes[old].children)]
+        new._update(work)
+        return new
+
+    def _update(self, work: list[tuple[int, str]]) -> None:
+        """Apply reference changes and their cascades: additions first, so no class is dropped and added back."""
+        adds = [c for delta, c in work if delta > 0]
+        drops = [c for delta, c in work if delta < 0]
+        while adds:
+            c = adds.pop()
+            self.refs[c] = self.refs.get(c, 0) + 1
+            if self.refs[c] == 1:
+                i = self.choice.get(c)
+                if i is None:
+                    raise ValueError(f"no node chosen for reachable e-class {c}")
+                self.counted[c] = i
+                self.total += self.costs[i]
+                adds.extend(set(self.nodes[i].children))
+        while drops:
+            c = drops.pop()
+            self.refs[c] -= 1
+            if self.refs[c] == 0:
+                i = self.counted.pop(c)
+                self.total -= self.costs[i]
+                drops.extend(set(self.nodes[i].children))
+
+
 def share(
     nodes: list[ENode],
     costs: list[float],
@@ -22,10 +72,13 @@ def share(
     roots: list[str],
     rounds: int = 3,
     seconds: float = 0.5,
+    depth: int = 3,
 ) -> dict[str, int]:
     """Greedy's blind spot, patched: a new shared value (a merged GEMM) pays only when several e-classes switch to
     it together, and greedy judges each class alone. For each e-class that the choice does not reach yet, try
-    switching every class with a node reading it to that node at once; keep the switch if the DAG cost drops.
+    switching every class that reads it, within `depth` readers (a GEMM over all steps, sliced, then reshaped), to
+    the node reading it, all at once; keep the switch if the DAG cost drops, then undo the parts of it that do not
+    pay on their own. The widest switches are tried first: a merge of all n GEMMs before its parts.
 
     `full` is greedy's choice for every e-class (so a switched-to node's new children have choices). Stops after
     `seconds`, keeping what it found."""
@@ -39,28 +92,60 @@ def share(
                 held = readers.setdefault(child, {})
                 if node.eclass not in held or costs[i] < costs[held[node.eclass]]:
                     held[node.eclass] = i
-    choice = dict(full)
-    best = dag_cost(nodes, costs, choice, roots)
+
+    def lifted(shared: str, dag: _Dag) -> tuple[dict[str, int], int]:
+        """The switch to `shared`: readers up to `depth` levels, climbing only through classes not reached; and how
+        many reached classes it changes."""
+        switch: dict[str, int] = {}
+        frontier, width = [shared], 0
+        for _ in range(depth):
+            above = []
+            for m in frontier:
+                for c, i in readers.get(m, {}).items():
+                    if c not in switch and c != shared:
+                        switch[c] = i
+                        if c not in dag.counted:
+                            above.append(c)
+                        elif dag.counted[c] != i:
+                            width += 1
+            frontier = above
+        return switch, width
+
+    def cyclic(trial: _Dag) -> bool:  # a switch can close a cycle, which reference counts do not see
+        try:
+            reachable(nodes, trial.choice, roots)
+        except ValueError:
+            return True
+        return False
+
+    def better(trial: _Dag, than: _Dag) -> bool:
+        return trial.total < than.total * (1 - 1e-4)
+
+    dag = _Dag(nodes, costs, dict(full), roots)
     for _ in range(rounds):
         improved = False
-        reached = set(reachable(nodes, choice, roots))
-        for shared, users in readers.items():
+        widths = {shared: lifted(shared, dag)[1] for shared in readers if shared not in dag.counted}
+        for _, shared in sorted((-width, shared) for shared, width in widths.items() if width >= 2):
             if time.perf_counter() > deadline:
-                return choice
-            switch = {c: i for c, i in users.items() if c in reached and choice.get(c) != i}
-            if shared in reached or len(switch) < 2:
+                return dag.choice
+            switch, width = lifted(shared, dag)
+            if shared in dag.counted or width < 2:
                 continue
-            trial = {**choice, **switch}
             try:
-                cost = dag_cost(nodes, costs, trial, roots)
-            except ValueError:  # the switch made the choice cyclic or left a class without a node
+                trial = dag.switched(switch)
+            except ValueError:
                 continue
-            if cost < best * (1 - 1e-9):
-                choice, best, improved = trial, cost, True
-                reached = set(reachable(nodes, choice, roots))
+            if not better(trial, dag) or cyclic(trial):
+                continue
+            for c in switch:  # undo what does not pay on its own
+                if c in dag.counted and trial.choice[c] != dag.choice[c]:
+                    undone = trial.switched({c: dag.choice[c]})
+                    if better(undone, trial) and not cyclic(undone):
+                        trial = undone
+            dag, improved = trial, True
         if not improved:
             break
-    return choice
+    return dag.choice
 
 
 def reachable(nodes: list[ENode], choice: dict[str, int], roots: list[str]) -> list[str]:
@@ -107,8 +192,6 @@ def extract(
     warm-started with greedy's choice and bounded by time_limit seconds, and keeps the cheaper. A baseline choice
     (the original program) is kept when no extractor beats it: greedy can do worse than the program it started
     from, since it judges each e-class alone."""
-    from extract.ilp import ilp_extract  # here, not at the top: extract.ilp imports dag_cost from this module
-
     if method not in METHODS:
         raise ValueError(f"unknown extraction method {method!r}; expected one of {METHODS}")
     report: dict[str, Any] = {"method": method, "greedy_cost": None, "greedy_s": None}
@@ -127,6 +210,8 @@ def extract(
         report["shared_cost"] = dag_cost(nodes, costs, choice, roots)
         report["method"] = "greedy+share" if report["shared_cost"] < report["greedy_cost"] else "greedy"
     if method == "ilp" or (method == "auto" and len(nodes) <= AUTO_ILP_MAX_NODES):
+        from extract.ilp import ilp_extract  # only here: it imports scipy (0.5 s) and dag_cost from this module
+
         start = time.perf_counter()
         ilp_choice, ilp_cost, report["optimal"] = ilp_extract(nodes, costs, roots, time_limit, warm_start=choice)
         report["ilp_s"] = time.perf_counter() - start

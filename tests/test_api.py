@@ -258,6 +258,21 @@ def test_bert_qkv_merged_for_h100_not_for_cpu():
     assert any(line.startswith("Dot 64x3072 float32: 0 -> ") for line in lines)
 
 
+def test_rnn_input_projections_batched_over_steps_and_merged():
+    """NasRNN (3 steps, 8 gates): every step's input projections become slices of one GEMM over all steps and all
+    gates, and every step's state projections one GEMM over all gates; the first state is a weight, so prepared."""
+    from benches.models import nasrnn
+
+    work = nasrnn.build("small")
+    params, xs = work.args
+    xs = jnp.concatenate([xs, xs[:1]])  # 3 steps
+    fast = eqsat.optimize(work.fn, params_argnums=0)
+    plan = fast.plan(params, xs)
+    dots = sorted(n.shape for n in plan.nodes if n.op == "Dot" and not n.weight)
+    assert dots == [(1, 128), (1, 128), (3, 1, 128)], dots
+    _close(fast.prepare(params)(xs), work.fn(params, xs))
+
+
 def test_autotune_measures_candidates_and_records_them():
     work = EXAMPLES["distributivity"]("small")
     fast = eqsat.optimize(work.fn, autotune=3)

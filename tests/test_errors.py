@@ -33,6 +33,13 @@ def test_malformed_rule_file_names_file_and_line(tmp_path):
         eqsat.optimize(lambda x: x, rules=[path])
 
 
+def test_rule_name_used_twice_names_file_and_line(tmp_path):
+    path = tmp_path / "mine.egg"
+    path.write_text('\n(rewrite (Tanh x) (Tanh x) :name "shared-input-merge")\n')
+    with pytest.raises(eqsat.RuleError, match=r"mine\.egg:2:1: .*Rule already exists: shared-input-merge"):
+        eqsat.optimize(lambda x: x, rules=[path])
+
+
 def test_unbalanced_rule_string():
     with pytest.raises(eqsat.RuleError, match=r"<rules string 1>:1:\d+: invalid rule: .*parse error"):
         eqsat.optimize(lambda x: x, rules=["(rewrite (Add a b) (Add b a)"])
