@@ -1,12 +1,13 @@
 """Small workloads with a known win (../shared/DESIGN.md §2, the issues' acceptance cases): what the demo and the
-acceptance script run. The last three ignore `scale`: their shapes are the published ones."""
+acceptance script run. nasrnn_cell, inception_siblings and conv_bn ignore `scale`: their shapes are the published
+ones."""
 
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from benches.models import layers
+from benches.models import layers, nasrnn
 from benches.workload import Workload
 
 
@@ -72,6 +73,7 @@ EXAMPLES = {
     "matmul_chain": matmul_chain,
     "distributivity": distributivity,
     "nasrnn_cell": nasrnn_cell,
+    "nasrnn_5_steps": nasrnn.build,
     "inception_siblings": inception_siblings,
     "conv_bn": conv_bn,
 }

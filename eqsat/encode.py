@@ -14,10 +14,11 @@ def prelude() -> str:
         "(function shape (Tensor) Shape :no-merge)",
         "(function dtype (Tensor) String :no-merge)",
         "(relation Orig (i64 Tensor))",
-        # Where a GEMM stands among the GEMMs that share its left operand, in program order, as an interval
-        # (first, last) that merges widen: merge rules join only neighbours, so n GEMMs give O(n^2) merges, not 2^n.
-        "(function gemm-first (Tensor) i64 :merge (min old new))",
-        "(function gemm-last (Tensor) i64 :merge (max old new))",
+        # Where a contraction stands among those of its kind reading the same input (sibling GEMMs or convs), in
+        # program order, as an interval (first, last) that merges widen: merge rules join only neighbours, so n
+        # siblings give O(n^2) merges, not every subset in every order.
+        "(function sibling-first (Tensor) i64 :merge (min old new))",
+        "(function sibling-last (Tensor) i64 :merge (max old new))",
         f"(ruleset {ANALYSIS})",
         OPAQUE_DECLS.strip(),
     ]
@@ -36,17 +37,18 @@ def prelude() -> str:
 
 def encode(graph: Graph) -> str:
     """Each node as a let-bound term, with its shape and dtype known from capture, tagged (Orig index); each GEMM
-    with its place among the GEMMs sharing its left operand."""
+    and conv with its place among its siblings (see prelude)."""
     lines = []
-    gemms_of: dict[int, int] = {}  # left operand -> GEMMs reading it so far
+    siblings: dict[tuple[str, int], int] = {}  # (op, input) -> the last place given among the ops reading it
     for i, node in enumerate(graph.nodes):
         lines.append(f"(let $eqsat_n{i} {_term(graph, node)})")
         if node.shape is not None:
             lines.append(f"(set (shape $eqsat_n{i}) {_literal(node.shape)})")
             lines.append(f'(set (dtype $eqsat_n{i}) "{node.dtype}")')
-        if node.op == "Dot":
-            k = gemms_of[node.inputs[0]] = gemms_of.get(node.inputs[0], -1) + 1
-            lines.append(f"(set (gemm-first $eqsat_n{i}) {k}) (set (gemm-last $eqsat_n{i}) {k})")
+        if node.op in ("Dot", "Conv"):
+            key = (node.op, node.inputs[0])
+            k = siblings[key] = siblings.get(key, -1) + 1
+            lines.append(f"(set (sibling-first $eqsat_n{i}) {k}) (set (sibling-last $eqsat_n{i}) {k})")
         lines.append(f"(Orig {i} $eqsat_n{i})")
     return "\n".join(lines)
 
