@@ -21,6 +21,7 @@ EXPECTED = {
     "matmul_chain": ("cpu", "Dot"),
     "distributivity": ("cpu", "Dot"),
     "nasrnn_cell": ("cpu", "Dot"),
+    "nasrnn_5_steps": ("cpu", "Dot"),
     "inception_siblings": ("cpu", "Conv"),
     "conv_bn": ("h100", "Conv"),
 }
