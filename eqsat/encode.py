@@ -1,9 +1,13 @@
 """Encoding: the egglog prelude generated from the op table, and a graph as egglog commands."""
 
+import numpy as np
+
 from eqsat.ir import Graph, Node
 from eqsat.ops import OPAQUE_DECLS, OPS
 
 ANALYSIS = "analysis"  # ruleset of the shape and dtype analyses, saturated before every rewrite step
+# egglog functions and relations that hold facts about tensors, not tensors: not e-nodes of the program
+FACTS = ("shape", "dtype", "Orig", "sibling-first", "sibling-last", "scalar-value")
 
 
 def prelude() -> str:
@@ -19,6 +23,8 @@ def prelude() -> str:
         # siblings give O(n^2) merges, not every subset in every order.
         "(function sibling-first (Tensor) i64 :merge (min old new))",
         "(function sibling-last (Tensor) i64 :merge (max old new))",
+        # the value of a floating-point scalar constant (relu is max(x, 0.0)), for rules to match on
+        "(function scalar-value (Tensor) f64 :merge (min old new))",
         f"(ruleset {ANALYSIS})",
         OPAQUE_DECLS.strip(),
     ]
@@ -45,6 +51,10 @@ def encode(graph: Graph) -> str:
         if node.shape is not None:
             lines.append(f"(set (shape $eqsat_n{i}) {_literal(node.shape)})")
             lines.append(f'(set (dtype $eqsat_n{i}) "{node.dtype}")')
+        value = graph.consts.get(node.attrs[0]) if node.op == "Var" else None
+        if value is not None and value.shape == () and value.dtype.kind == "f" and np.isfinite(value):
+            literal = np.format_float_positional(float(value), unique=True, trim="0")
+            lines.append(f"(set (scalar-value $eqsat_n{i}) {literal})")
         if node.op in ("Dot", "Conv"):
             key = (node.op, node.inputs[0])
             k = siblings[key] = siblings.get(key, -1) + 1
@@ -68,7 +78,9 @@ def _term(graph: Graph, node: Node) -> str:
 
 
 def _literal(attr: object) -> str:
-    """An attribute as egglog text: integers as they are, tuples of integers as a Vec."""
+    """An attribute as egglog text: integers as they are, strings quoted, tuples of integers as a Vec."""
+    if isinstance(attr, str):
+        return f'"{attr}"'
     if isinstance(attr, tuple):
         return f"(vec-of {' '.join(str(d) for d in attr)})" if attr else "(vec-empty)"
     return str(attr)

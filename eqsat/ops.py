@@ -28,13 +28,14 @@ class OpSpec:
     shape_rules: tuple[str, ...] = ()  # egglog rule bodies; `e` is the node, `sa`/`sb` input shapes
     primitives: tuple[str, ...] = ()  # jax primitives captured as this op
     contracted: Callable[[list[Shape]], int] | None = None  # contraction length per output element
+    epilogue: bool = False  # elementwise work on the output: free where the target fuses GEMM epilogues
 
     def signature(self) -> str:
         return " ".join((*self.attrs, *("Tensor",) * self.arity))
 
     def pattern(self) -> str:
         """The egglog term that matches this op with variables k0.. for attributes and a, b for inputs."""
-        names = [f"k{i}" for i in range(len(self.attrs))] + ["a", "b"][: self.arity]
+        names = [f"k{i}" for i in range(len(self.attrs))] + ["a", "b", "c"][: self.arity]
         return f"({self.name} {' '.join(names)})"
 
 
@@ -67,6 +68,20 @@ def _matrix_transpose(x: Any) -> Any:
 
 def _dot(_attrs: tuple, a: Any, b: Any) -> Any:
     return lax.dot_general(a, b, (((a.ndim - 1,), (0,)), ((), ())))
+
+
+# (Dense activation x w b): activation(x @ w + b), what rules/fusion.egg groups a GEMM, its bias and activation into
+ACTIVATIONS: dict[str, Callable[[Any], Any]] = {
+    "none": lambda y: y,
+    "relu": lambda y: lax.max(y, lax.full((), 0, y.dtype)),
+    "tanh": lax.tanh,
+    "logistic": lax.logistic,
+}
+
+
+def _dense(attrs: tuple, x: Any, w: Any, b: Any) -> Any:
+    y = _dot((), x, w)
+    return ACTIVATIONS[attrs[0]](lax.add(y, lax.broadcast_in_dim(b, y.shape, (y.ndim - 1,))))
 
 
 def _batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
@@ -135,6 +150,22 @@ OPS: dict[str, OpSpec] = {
                 " ((set (shape e) (vec-append (vec-pop sa) (vec-remove sb 0)))))",
             ),
             contracted=lambda shapes: shapes[0][-1],
+        ),
+        # a GEMM with its bias and activation (never captured: rules group them)
+        OpSpec(
+            "Dense",
+            ("String",),
+            3,
+            "contraction",
+            _dense,
+            (
+                "(rule ((= e (Dense k0 a b c)) (= sa (shape a)) (= sb (shape b)) (= (vec-length sb) 2)"
+                " (= n (- (vec-length sa) 1)) (= (vec-get sa n) (vec-get sb 0))"
+                " (= (shape c) (vec-of (vec-get sb 1))))"
+                " ((set (shape e) (vec-set sa n (vec-get sb 1)))))",
+            ),
+            contracted=lambda shapes: shapes[0][-1],
+            epilogue=True,
         ),
         # batched matmul with leading batch dims: a[B..., M, K] . b[B..., K, N] -> [B..., M, N].
         OpSpec(

@@ -59,6 +59,39 @@ def _user_source(item: str | Path, index: int) -> RuleSource:
     return RuleSource(label, label, item)
 
 
+REAL_MARK = "; @real"  # a comment line right above a rule: it holds for real numbers, not in floating point
+
+
+def rule_names(src: RuleSource) -> list[str]:
+    """The names saturation reports each rule's matches under, in file order ("=>" / "<=" for a birewrite's two
+    directions; egglog's text of the rule where it has no :name)."""
+    return [name for names, _ in _rules_of(src) for name in names]
+
+
+def real_rules(sources: list[RuleSource]) -> frozenset[str]:
+    """The names of the rules marked `; @real` (re-association, distributivity, folding a scale into weights): they
+    hold for real numbers, and in floating point change rounding."""
+    return frozenset(name for src in sources for names, real in _rules_of(src) if real for name in names)
+
+
+def _rules_of(src: RuleSource) -> list[tuple[list[str], bool]]:
+    """Each rule's names and whether the line above it is the REAL_MARK."""
+    raw = src.text.encode()
+    out = []
+    for command in egg.EGraph().parse_program(src.text, filename=src.origin):
+        inner = getattr(command, "rewrite", None) or getattr(command, "rule", None)
+        if inner is None:
+            continue
+        if hasattr(command, "rewrite"):
+            name = inner.name or " ".join(str(command).split())
+            names = [f"{name}=>", f"{name}<="] if type(command).__name__ == "BiRewriteCommand" else [name]
+        else:
+            names = [inner.name or str(command)]
+        above = raw[: inner.span.i].decode().rstrip().rsplit("\n", 1)[-1].strip()
+        out.append((names, above.startswith(REAL_MARK)))
+    return out
+
+
 def check_syntax(sources: list[RuleSource]) -> None:
     """Parse and declare the rule sources, in order, on an empty e-graph with the prelude; errors (a malformed rule,
     a rule name used twice) name file and line."""

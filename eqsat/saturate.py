@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import egglog.bindings as egg
 
 from eqsat import progress
-from eqsat.encode import ANALYSIS, encode, prelude
+from eqsat.encode import ANALYSIS, FACTS, encode, prelude
 from eqsat.errors import ShapeConflictError
 from eqsat.ir import Graph
 from eqsat.rules import RuleSource, describe
@@ -58,7 +58,6 @@ class Snapshot:
 
 _STEP = f"(run-schedule (seq (saturate (run {ANALYSIS})) (run-with eqsat_backoff)))"
 _ANALYSE = f"(run-schedule (saturate (run {ANALYSIS})))"
-_NOT_NODES = {"shape", "dtype", "Orig"}
 
 
 def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
@@ -114,7 +113,7 @@ def _build(graph: Graph, rules: list[RuleSource]) -> tuple[egg.EGraph, list[tupl
 
 def _size(egraph: egg.EGraph) -> int:
     sizes = egraph.run_program(*egraph.parse_program("(print-size)"))[0]
-    return sum(count for name, count in sizes.sizes if name not in _NOT_NODES)
+    return sum(count for name, count in sizes.sizes if name not in FACTS)
 
 
 def _explain_conflict(
@@ -158,7 +157,7 @@ def _snapshot(egraph: egg.EGraph) -> Snapshot:
             dtype[raw[children[0]]["eclass"]] = str(literal[class_node[node["eclass"]]])
         elif op == "Orig":
             orig[int(literal[children[0]])] = raw[children[1]]["eclass"]
-        elif not node_id.startswith("primitive-"):
+        elif not node_id.startswith("primitive-") and op not in FACTS:
             attrs = tuple(literal[c] for c in children if c in literal)
             kids = tuple(raw[c]["eclass"] for c in children if c not in literal)
             nodes.append(ENode(op, node["eclass"], kids, attrs, bool(node.get("subsumed"))))

@@ -24,7 +24,7 @@ from eqsat.capture import capture
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from eqsat.ops import OPS
-from eqsat.rules import RuleSource, collect
+from eqsat.rules import RuleSource, collect, real_rules, rule_names
 from eqsat.saturate import ENode, Limits, Snapshot, saturate
 
 Shape = tuple[int, ...]
@@ -33,8 +33,10 @@ Shape = tuple[int, ...]
 # two or three rewrites away from the captured program get to fire.
 VERIFY_LIMITS = Limits(iterations=4, nodes=800, seconds=2.0)
 
-# Largest error allowed, relative to the largest magnitude a node combines (see `tolerance`). Ints: exact.
+# Largest error allowed for rules marked `; @real`, relative to the largest magnitude a node combines (see
+# `tolerance`). Ints: exact.
 _RTOL = {"float64": 1e-10, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2, "complex64": 1e-4, "complex128": 1e-10}
+_ROUNDINGS = 8  # rounding errors allowed per element of the longest reduction, for rules sound in floating point
 
 
 @dataclass(frozen=True)
@@ -70,23 +72,29 @@ def node_text(op: str, attrs: tuple, children: tuple[str, ...]) -> str:
     return f"({' '.join([op, *(repr(a) for a in attrs), *children])})"
 
 
-def tolerance(dtype: np.dtype, scale: float) -> float:
+def tolerance(dtype: np.dtype, scale: float, real: bool, reduction: int = 1) -> float:
     """The absolute error allowed for a value of this dtype whose computation involves magnitudes up to `scale`.
 
-    A rewrite re-associates one op at a time here (nodes are evaluated from their children's class values), so
-    the difference is the rounding of one re-ordered reduction: at most about K*eps*scale for a length-K sum,
-    ~sqrt(K)*eps*scale in practice. With contractions of length <= 8^3 (dims 1-8) and float32's eps of 6e-8
-    that stays under 3e-5*scale; 1e-4 keeps margin while an unsound rewrite (a swapped operand, a dropped op)
-    is off by a sizable fraction of the scale. Integers and booleans must agree exactly.
+    Rules sound in floating point (layout, concat/slice, merges, batching) compute each element with the same
+    operations; at most a contraction sums its terms in another order (a merged GEMM's kernel blocks differently),
+    so they get _ROUNDINGS roundings per element of the longest reduction in the program: eps * scale for pure
+    layout rules, 50x tighter than the rules marked real. Those (re-association, distributivity) change the
+    rounding of the whole chain a node re-associates: at most about K*eps*scale for a length-K sum,
+    ~sqrt(K)*eps*scale in practice; with chains of contractions of length <= 8^3 (dims 1-8) and float32's eps of
+    6e-8 that stays under 3e-5*scale, so 1e-4 (_RTOL) keeps margin, while an unsound rewrite (a swapped operand, a
+    dropped op) is off by a sizable fraction of the scale. Integers and booleans must agree exactly.
     """
-    rtol = _RTOL.get(np.dtype(dtype).name)
-    return 0.0 if rtol is None else rtol * scale
+    kind = np.dtype(dtype)
+    if not np.issubdtype(kind, np.inexact):
+        return 0.0
+    if real:
+        return _RTOL.get(kind.name, 1e-4) * scale
+    return _ROUNDINGS * max(reduction, 1) * float(np.finfo(kind).eps) * scale
 
 
-def _difference(want: Any, got: Any, scale: float) -> tuple[float, float] | None:
+def _difference(want: Any, got: Any, allowed: float) -> tuple[float, float] | None:
     """(error, allowed) if `got` disagrees with `want`, else None; shapes and dtypes already match."""
     w, g = np.asarray(want), np.asarray(got)
-    allowed = tolerance(w.dtype, scale)
     if allowed == 0.0:
         return None if np.array_equal(w, g) else (float(np.max(np.abs(w.astype(float) - g.astype(float)))), 0.0)
     wide = np.complex128 if np.iscomplexobj(w) else np.float64
@@ -194,8 +202,9 @@ def _propagate(graph: Graph, snapshot: Snapshot, inputs: list[Any], checked: lis
     return {cls: v for cls, v in values.items() if _is_array(v)}, outs
 
 
-def check_egraph(graph: Graph, snapshot: Snapshot, inputs: Sequence[Any]) -> list[Disagreement]:
-    """Every e-node that type-checks on the inputs' values and disagrees with its e-class's value.
+def check_egraph(graph: Graph, snapshot: Snapshot, inputs: Sequence[Any], real: bool = True) -> list[Disagreement]:
+    """Every e-node that type-checks on the inputs' values and disagrees with its e-class's value, within the
+    tolerance of rules that hold for real numbers (`real`) or of rules sound in floating point.
 
     Evaluation is eager, op by op: jax caches each op's compilation by shape, so repeated shapes across many
     programs are cheap (one jit per e-graph measured slower: thousands of nodes compile every time).
@@ -207,14 +216,24 @@ def check_egraph(graph: Graph, snapshot: Snapshot, inputs: Sequence[Any]) -> lis
     by_class: dict[str, list[str]] = {}
     for node in snapshot.nodes:
         by_class.setdefault(node.eclass, []).append(node_text(node.op, node.attrs, node.children))
+    reduction = max((_reduction(node, snapshot) for node in snapshot.nodes), default=1)
     found = []
     for node, out in zip(checked, outs, strict=True):
         want = values[node.eclass]
-        diff = _difference(want, out, _magnitude(want, out, *(values.get(c) for c in node.children)))
+        scale = _magnitude(want, out, *(values.get(c) for c in node.children))
+        diff = _difference(want, out, tolerance(np.asarray(want).dtype, scale, real, reduction))
         if diff:
             texts = tuple(by_class[node.eclass])
             found.append(Disagreement(node.eclass, node.op, node.attrs, node.children, *diff, rules, texts))
     return found
+
+
+def _reduction(node: ENode, snapshot: Snapshot) -> int:
+    """The length of the sum that computes each element of a contraction node; 1 for other nodes."""
+    spec = OPS.get(node.op)
+    if spec is None or spec.contracted is None or any(c not in snapshot.shape for c in node.children):
+        return 1
+    return spec.contracted([snapshot.shape[c] for c in node.children])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -396,9 +415,12 @@ def _gen_chain(draw: DrawFn, prog: Program) -> int:
     return prog.apply("dot", mul, a, prog.apply("dot", mul, b, c))
 
 
-def _gen_dot_sum(draw: DrawFn, prog: Program) -> int:
+def _dot_sum(batched: bool) -> Callable[[DrawFn, Program], int]:
+    return lambda draw, prog: _gen_dot_sum(draw, prog, batched)
+
+
+def _gen_dot_sum(draw: DrawFn, prog: Program, batched: bool) -> int:
     """x@w1 + y@w2 sharing the left operand, the right one, or neither: factoring and GEMM-merge patterns."""
-    batched = draw(st.booleans())
     mul = _bdot if batched else _dot
     xs, ws = _matrices(draw, prog, batched, 2)
     x, w = prog.fresh(xs), prog.fresh(ws)
@@ -455,6 +477,23 @@ def _gen_step_projections(draw: DrawFn, prog: Program) -> int:
         x = prog.apply(f"xs[{t}]", lambda v, t=t: v[t], xs)
         prog.apply("dot", _dot, x, w1)
         out = prog.apply("dot", _dot, x, w2)
+    return out
+
+
+_ACTIVATION_FNS = {"none": lambda y: y, "relu": jax.nn.relu, "tanh": jnp.tanh, "logistic": jax.nn.sigmoid}
+
+
+def _gen_dense(draw: DrawFn, prog: Program) -> int:
+    """act(x @ W + b), b along the last axis, one or two such layers of one input: what grouping a GEMM with its
+    bias and activation, and merging the groups, match."""
+    x = prog.fresh(_dims(draw, draw(st.integers(2, 3))))
+    act = draw(st.sampled_from(sorted(_ACTIVATION_FNS)))
+    out = x
+    for _ in range(draw(st.integers(1, 2))):
+        n = draw(st.integers(1, 8))
+        w, b = prog.fresh((prog.shapes[x][-1], n)), prog.fresh((n,))
+        fn = _ACTIVATION_FNS[act]
+        out = prog.apply(f"dense_{act}", lambda v, w, b, fn=fn: fn(v @ w + b), x, w, b)
     return out
 
 
@@ -704,6 +743,7 @@ def _unary_of_broadcast(fn: Callable[[Any], Any]) -> Callable[[DrawFn, Program],
 # Ops only rules create (Pad, the stable composites) still get an entry: the JAX that rules rewrite into them.
 GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     "Dot": _gen_dot,
+    "Dense": _gen_dense,
     "BatchDot": _gen_batch_dot,
     "MT": _gen_dot_t,
     "Add": _binary(lax.add),
@@ -735,7 +775,8 @@ GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     **{f"concat-{kind}": _concat_ops(kind) for kind in _CONCAT_KINDS},
     # rule patterns several ops make up
     "chain": _gen_chain,
-    "dot-sum": _gen_dot_sum,
+    "dot-sum": _dot_sum(batched=False),
+    "batchdot-sum": _dot_sum(batched=True),
     "dot-of-sum": _gen_dot_of_sum,
     "shared-dots": _gen_shared_dots,
     "step-projections": _gen_step_projections,
@@ -765,12 +806,20 @@ def programs(
 def check_program(
     prog: Program, sources: list[RuleSource], seed: int = 0, limits: Limits = VERIFY_LIMITS
 ) -> tuple[list[Disagreement], Snapshot, Graph]:
-    """Capture, saturate with `sources` and check every e-class on random normal inputs."""
+    """Capture, saturate with `sources` and check every e-class on random normal inputs: with the rules sound in
+    floating point alone, within their tight tolerance, then (if some rules are marked real) with every rule,
+    within the tolerance of real-number rules. Returns the disagreements and the last saturation."""
     inputs = prog.random_inputs(seed)
     with jax.enable_x64(prog.dtype.endswith("64")):
         graph = capture(jax.make_jaxpr(prog)(*inputs))
-    snapshot = saturate(graph, sources, limits)
-    return check_egraph(graph, snapshot, inputs), snapshot, graph
+    real = real_rules(sources)
+    float_sound = _keeping(sources, lambda names: not set(names) & real) if real else sources
+    snapshot = saturate(graph, float_sound, limits)
+    found = check_egraph(graph, snapshot, inputs, real=False)
+    if real:
+        snapshot = saturate(graph, sources, limits)
+        found += check_egraph(graph, snapshot, inputs, real=True)
+    return found, snapshot, graph
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -781,6 +830,7 @@ def check_program(
 class RuleStat:
     name: str  # the :name, else egglog's text of the rule; "=>" / "<=" for the two directions of a birewrite
     group: str
+    real: bool = False  # marked `; @real`: checked within the tolerance of real-number rules
     fired: int = 0
     unsound: bool = False  # reproduced a disagreement on its own
 
@@ -806,10 +856,11 @@ class Report:
     def table(self) -> str:
         width = min(60, max((len(r.name) for r in self.rules), default=4))
         group = max((len(r.group) for r in self.rules), default=5)
-        lines = [f"{'rule':<{width}}  {'group':<{group}}  {'fired':>7}  verdict"]
+        lines = [f"{'rule':<{width}}  {'group':<{group}}  {'holds for':<9}  {'fired':>7}  verdict"]
         for r in self.rules:
             name = r.name if len(r.name) <= width else r.name[: width - 3] + "..."
-            lines.append(f"{name:<{width}}  {r.group:<{group}}  {r.fired:>7}  {r.verdict}")
+            holds = "reals" if r.real else "floats"
+            lines.append(f"{name:<{width}}  {r.group:<{group}}  {holds:<9}  {r.fired:>7}  {r.verdict}")
         lines.append(
             f"{len(self.rules)} rules, {self.programs} programs, {len(self.disagreements)} disagreeing e-classes, "
             f"{self.seconds:.1f} s"
@@ -817,38 +868,19 @@ class Report:
         return "\n".join(lines)
 
 
-def rule_names(src: RuleSource) -> list[str]:
-    """The names saturation reports each rule's matches under, in file order."""
-    names = []
-    for command in egg.EGraph().parse_program(src.text, filename=src.origin):
-        if hasattr(command, "rewrite"):
-            name = command.rewrite.name or " ".join(str(command).split())
-            if type(command).__name__ == "BiRewriteCommand":
-                names += [f"{name}=>", f"{name}<="]
-            else:
-                names.append(name)
-        elif hasattr(command, "rule"):
-            names.append(command.rule.name or str(command))
-    return names
-
-
-def _single_rule_sources(sources: list[RuleSource], rule: str) -> list[RuleSource] | None:
-    """The sources with every rule but `rule` left out (declarations kept): to find which rule is unsound."""
-    out, found = [], False
+def _keeping(sources: list[RuleSource], keep: Callable[[list[str]], bool]) -> list[RuleSource]:
+    """The sources with only the rules whose names `keep` accepts (declarations kept)."""
+    out = []
     for src in sources:
         raw = src.text.encode()
         kept = []
         for command in egg.EGraph().parse_program(src.text, filename=src.origin):
             inner = getattr(command, "rewrite", None) or getattr(command, "rule", None)
-            span = getattr(inner if inner is not None else command, "span", None)
-            if span is None:
-                return None
-            text = raw[span.i : span.j].decode()
-            if inner is None or rule in rule_names(RuleSource(src.name, src.origin, text)):
+            text = raw[inner.span.i : inner.span.j].decode() if inner is not None else str(command)
+            if inner is None or keep(rule_names(RuleSource(src.name, src.origin, text))):
                 kept.append(text)
-                found = found or inner is not None
         out.append(RuleSource(src.name, src.origin, "\n".join(kept)))
-    return out if found else None
+    return out
 
 
 def check_rules(
@@ -860,7 +892,8 @@ def check_rules(
     alone, and those that reproduce it are marked unsound.
     """
     start = time.perf_counter()
-    stats = {name: RuleStat(name, src.name) for src in sources for name in rule_names(src)}
+    real = real_rules(sources)
+    stats = {name: RuleStat(name, src.name, name in real) for src in sources for name in rule_names(src)}
     found: list[Disagreement] = []
     errors: list[str] = []
     count = 0
@@ -901,9 +934,7 @@ def _reproducing(
     """The rules among `fired` that make the program disagree on their own."""
     culprits = []
     for rule in fired:
-        alone = _single_rule_sources(sources, rule)
-        if alone is None:
-            continue
+        alone = _keeping(sources, lambda names, rule=rule: rule in names)
         try:
             if check_program(prog, alone, seed, limits)[0]:
                 culprits.append(rule)

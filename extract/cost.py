@@ -26,6 +26,7 @@ class Profile:
     bandwidth: float
     launch_overhead: float
     fuses_elementwise: bool
+    fuses_epilogue: bool = False  # a GEMM's bias add and activation run in its epilogue (cuBLASLt, TPU output fusion)
     disabled_rules: tuple[str, ...] = ()  # rule groups that do not pay on this target, as measured
     notes: str = ""
     # Measured by `python -m eqsat calibrate` (extract/calibrate.py); the defaults keep older profiles as they were.
@@ -132,6 +133,8 @@ def node_cost(
         moved = in_bytes + out_bytes
         peak = profile.flops_per_second(dtype or "float32", conv=op == "Conv" or cost_class == "conv")
         seconds = max(flops / peak, moved / profile.bandwidth_for(moved))
+        if op in OPS and OPS[op].epilogue and not profile.fuses_epilogue:  # a pass of its own over the output
+            seconds += out_bytes / profile.bandwidth_for(out_bytes)
         overhead = profile.launch_overhead if profile.contraction_overhead is None else profile.contraction_overhead
         return Cost(seconds + overhead, flops, moved, 1)
     # opaque primitives: one pass over their data, one kernel

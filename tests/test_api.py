@@ -252,11 +252,12 @@ def test_bert_qkv_merged_for_h100_not_for_cpu():
     w.update({"b" + n: jnp.zeros(1024) for n in ("q", "k", "v")})
     x = jax.random.normal(key, (64, 1024))
     plans = {t: eqsat.optimize(qkv, target=t, params_argnums=0).plan(w, x) for t in ("cpu", "h100")}
-    merged = [n for n in plans["h100"].nodes if n.op == "Dot" and n.rewritten and n.shape == (64, 3072)]
+    # one GEMM with the three biases in its epilogue (a Dense op, fusion.egg)
+    merged = [n for n in plans["h100"].nodes if n.op == "Dense" and n.rewritten and n.shape == (64, 3072)]
     assert merged, "h100 plan should merge Q, K and V into one GEMM"
-    assert not any(n.op == "Dot" and n.shape[-1] > 1024 for n in plans["cpu"].nodes)
+    assert not any(n.op in ("Dot", "Dense") and n.shape[-1] > 1024 for n in plans["cpu"].nodes)
     lines = diff(plans["cpu"], plans["h100"], names=("cpu", "h100"))  # says why, op by op
-    assert any(line.startswith("Dot 64x3072 float32: 0 -> ") for line in lines)
+    assert any(line.startswith("Dense[none] 64x3072 float32: 0 -> ") for line in lines)
 
 
 def test_rnn_input_projections_batched_over_steps_and_merged():
@@ -272,6 +273,25 @@ def test_rnn_input_projections_batched_over_steps_and_merged():
     dots = sorted(n.shape for n in plan.nodes if n.op == "Dot" and not n.weight)
     assert dots == [(1, 128), (1, 128), (3, 1, 128)], dots
     _close(fast.prepare(params)(xs), work.fn(params, xs))
+
+
+def test_dense_layers_grouped_with_bias_and_activation_then_merged():
+    """relu(x @ W + b) for Q, K and V: each is grouped into one Dense op (GEMM, bias, activation), and the three
+    merge into one Dense with concatenated weights and biases, which h100 runs as one GEMM with its epilogue."""
+
+    def qkv(w, x):
+        return [jax.nn.relu(x @ w[n] + w["b" + n]) for n in "qkv"]
+
+    key = jax.random.PRNGKey(3)
+    w = {n: jax.random.normal(key, (256, 256)) / 16 for n in "qkv"}
+    w.update({"b" + n: jax.random.normal(key, (256,)) for n in "qkv"})
+    x = jax.random.normal(key, (32, 256))
+    fast = eqsat.optimize(qkv, target="h100", params_argnums=0)
+    plan = fast.plan(w, x)
+    dense = [n for n in plan.nodes if n.op == "Dense"]
+    assert [(n.attrs, n.shape) for n in dense] == [(("relu",), (32, 768))]
+    assert {"dense-bias", "dense-relu", "dense-merge"} <= set(plan.rules_fired)
+    _close(fast.prepare(w)(x), qkv(w, x))
 
 
 def test_autotune_measures_candidates_and_records_them():

@@ -1,13 +1,14 @@
 """Rule verification: every equality the rules add holds on concrete values of random programs."""
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from jax import lax
 
 from eqsat.__main__ import main
 from eqsat.ops import OPS
-from eqsat.rules import RuleSource, collect
-from eqsat.verify import GENERATORS, Program, check_program, check_rules, programs
+from eqsat.rules import RuleSource, collect, real_rules
+from eqsat.verify import GENERATORS, Program, check_program, check_rules, programs, tolerance
 
 UNSOUND_SUB = '(rewrite (Sub a b) (Sub b a) :name "unsound-sub")'
 
@@ -22,6 +23,21 @@ def test_every_op_has_a_generator():
 def test_random_programs_agree_with_builtin_rules(prog: Program):
     disagreements, _, _ = check_program(prog, collect())
     assert not disagreements, "\n".join(d.describe() for d in disagreements)
+
+
+def test_real_number_rules_are_marked_in_the_files():
+    marked = real_rules(collect())
+    assert {"dot-assoc-right", "dot-factor-left", "conv-add-weights", "fold-scale-into-conv"} <= marked
+    assert not {"add-comm", "shared-input-merge", "mt-mt", "concat-assoc=>", "dot-of-row-slice"} & marked
+    src = RuleSource("mine", "<test>", "; @real: exp is not exact\n(rewrite (Exp (Add a b)) (Mul (Exp a) (Exp b)))")
+    assert real_rules([src]) == {"(rewrite (Exp (Add a b)) (Mul (Exp a) (Exp b)))"}
+
+
+def test_float_sound_rules_get_a_tolerance_of_a_few_roundings():
+    # layout rules (no sum reordered): 8 roundings of the magnitude; real-number rules: 1e-4 of it for float32
+    assert tolerance("float32", 1.0, real=False) == 8 * float(np.finfo(np.float32).eps)
+    assert tolerance("float32", 1.0, real=False, reduction=8) < tolerance("float32", 1.0, real=True) / 10
+    assert tolerance("int32", 1e6, real=True) == 0.0
 
 
 def test_unsound_rule_is_reported_with_its_eclass():
