@@ -530,13 +530,16 @@ def _row(prog: Program, shape: Shape) -> int:
 
 
 def _gen_scale_shift(draw: DrawFn, prog: Program) -> int:
-    """layer(x) * scale + shift per output channel, layer a dense or conv layer: BatchNorm in inference form."""
+    """layer(x) * scale + shift per output channel, layer a dense or conv layer, with or without a bias of its own:
+    BatchNorm in inference form."""
     if draw(st.booleans()):
         y = _gen_conv(draw, prog)
     else:
         x = prog.pick(draw, lambda s: 1 <= len(s) <= 3, _dims(draw, draw(st.integers(1, 3))))
         y = prog.apply("dot", _dot, x, prog.fresh((prog.shapes[x][-1], draw(st.integers(1, 8)))))
     shape = prog.shapes[y]
+    if draw(st.booleans()):
+        y = prog.apply("add", lax.add, y, _row(prog, shape))
     scaled = prog.apply("mul", lax.mul, y, _row(prog, shape))
     return prog.apply("add", lax.add, scaled, _row(prog, shape)) if draw(st.booleans()) else scaled
 

@@ -294,6 +294,25 @@ def test_dense_layers_grouped_with_bias_and_activation_then_merged():
     _close(fast.prepare(w)(x), qkv(w, x))
 
 
+def test_batchnorm_after_a_biased_dense_layer_folds_into_weights_and_one_bias():
+    """(x @ W + b) * scale + shift on h100 with parameters prepared: one Dense op whose weights (W * scale) and
+    bias (b * scale + shift) are weight-only, computed once; no per-call multiply is left."""
+
+    def layer(p, x):
+        return (x @ p["w"] + p["b"]) * p["scale"] + p["shift"]
+
+    keys = jax.random.split(jax.random.PRNGKey(4), 5)
+    p = {n: jax.random.normal(k, (512,)) for n, k in zip(("b", "scale", "shift"), keys[1:4], strict=True)}
+    p["w"] = jax.random.normal(keys[0], (512, 512)) / 16
+    x = jax.random.normal(keys[4], (2048, 512))
+    fast = eqsat.optimize(layer, target="h100", params_argnums=0)
+    plan = fast.plan(p, x)
+    per_call = [n.op for n in plan.nodes if not n.weight and n.op not in ("Var",)]
+    assert per_call == ["Dense"], per_call
+    assert {"fold-scale-into-dense", "scale-through-bias", "merge-biases", "dense-bias"} <= set(plan.rules_fired)
+    _close(fast.prepare(p)(x), layer(p, x))
+
+
 def test_autotune_measures_candidates_and_records_them():
     work = EXAMPLES["distributivity"]("small")
     fast = eqsat.optimize(work.fn, autotune=3)
