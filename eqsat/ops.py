@@ -23,7 +23,9 @@ class OpSpec:
     name: str  # egglog constructor name
     attrs: tuple[str, ...]  # egglog sorts of the leading attribute arguments
     arity: int  # tensor inputs after the attributes
-    cost_class: str  # "source" | "contraction" | "elementwise" (fused by XLA: slices, concats too) | "opaque"
+    # "source" | "contraction" | "elementwise" (fused by XLA: slices, concats too) | "bitcast" (a row-major reshape:
+    # XLA moves no data) | "opaque"
+    cost_class: str
     lower: Callable[..., Any] | None  # lower(attrs, *inputs) -> jax value
     shape_rules: tuple[str, ...] = ()  # egglog rule bodies; `e` is the node, `sa`/`sb` input shapes
     primitives: tuple[str, ...] = ()  # jax primitives captured as this op
@@ -262,7 +264,7 @@ OPS: dict[str, OpSpec] = {
             "Reshape",
             ("Shape",),
             1,
-            "elementwise",
+            "bitcast",
             lambda attrs, a: lax.reshape(a, tuple(attrs[0])),
             ("(rule ((= e (Reshape k0 a)) (= sa (shape a))) ((set (shape e) k0)))",),
         ),

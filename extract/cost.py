@@ -121,7 +121,7 @@ def node_cost(
     out_bytes = value_bytes(out_shape, dtype)
     in_bytes = sum(value_bytes(s, dtype) for s in in_shapes)
     cost_class = class_of(op)
-    if cost_class == "source":
+    if cost_class in ("source", "bitcast"):
         return Cost()
     if cost_class == "elementwise":
         kernels = 0 if profile.fuses_elementwise else 1
