@@ -1,7 +1,6 @@
 """Rule verification: every equality the rules add holds on concrete values of random programs."""
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from jax import lax
 
@@ -69,7 +68,7 @@ def test_cli_reports_unsound_file(tmp_path, capsys):
     assert "unsound-sub" in out and "UNSOUND" in out and "e-class" in out
 
 
-@pytest.mark.slow
 def test_builtin_rules_all_fire_and_agree(capsys):
-    # slow: full coverage of every built-in rule needs a few hundred programs (each op and shape compiles once)
+    # every built-in rule fires on the generated programs and no e-class disagrees (about 90 s: each op and shape
+    # compiles once; the programs are derandomized, so the run is the same every time)
     assert main(["rules", "check", "--examples", "400"]) == 0, capsys.readouterr().out
