@@ -133,7 +133,7 @@ class Optimized:
 
         def prepared(*rest: Any) -> Any:
             leaves, tree = jax.tree_util.tree_flatten(rest)
-            key = (tree, tuple((np.shape(x), jax.numpy.result_type(x)) for x in leaves))
+            key = (tree, tuple(_aval_key(x) for x in leaves))
             if key not in ready:
                 ready[key] = self._prepare_signature(params, rest, params_flat)
             return ready[key](rest, leaves)
@@ -478,6 +478,13 @@ def _type(var: Any) -> tuple:
 
 def _as_tuple(argnums: int | Sequence[int]) -> tuple[int, ...]:
     return (argnums,) if isinstance(argnums, int) else tuple(argnums)
+
+
+def _aval_key(x: Any) -> tuple:
+    """Shape and dtype of an argument leaf, cheaply for arrays (this runs on every prepared call)."""
+    if isinstance(x, jax.Array | np.ndarray):
+        return x.shape, x.dtype
+    return np.shape(x), jax.numpy.result_type(x)
 
 
 def _merge_params(positions: tuple[int, ...], params: tuple, rest: tuple) -> tuple:
