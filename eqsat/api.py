@@ -300,12 +300,20 @@ class Optimized:
         plan.stats.update(capture_s=capture_s, saturate_s=saturate_s, extract_s=time.perf_counter() - t2)
         log.info("eqsat: %s\n%s", name, plan.summary())
         original = jax.jit(flat_fun)
-        if self.autotune and not plan.unchanged:
+        if self.autotune and not self._nothing_to_gain(plan):
             plan = self._autotune(plan, graph, snapshot, params, flat, original)
-        if plan.unchanged or plan.fallback:  # nothing to gain: run the original program exactly as jax.jit would
+        if self._nothing_to_gain(plan) or plan.fallback:  # run the original program exactly as jax.jit would
             return _Entry(plan, original, original, out_tree, validated=True)
         optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
         return _Entry(plan, optimized, original, out_tree, validated=not self.validate)
+
+    def _nothing_to_gain(self, plan: Plan) -> bool:
+        """The original program, node for node, or one that differs only in what XLA does itself or nearly as
+        well: duplicates shared, weight-only work hoisted, for a predicted gain below the profile's min_gain."""
+        if plan.unchanged:
+            return True
+        rewritten = plan.rewritten_ops() or plan.stats.get("bodies_rewritten")
+        return not rewritten and plan.predicted.seconds > plan.original.seconds * (1 - self.profile.min_gain)
 
     def _extract(
         self, graph: Graph, snapshot: Any, params: frozenset[str], forbid: frozenset[str] = frozenset()
@@ -363,7 +371,7 @@ class Optimized:
         graph = capture(body)
         self._optimize_bodies(graph)
         plan = self._extract(graph, saturate(graph, self.rules, self.limits), frozenset())
-        if plan.unchanged:
+        if self._nothing_to_gain(plan):
             return body
         inner = body.jaxpr
         avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in inner.invars]
