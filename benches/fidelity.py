@@ -116,7 +116,7 @@ def price(plan: Plan, profile: Profile) -> float:
     for node in plan.nodes:
         if node.op not in ("Var", "Get", "TCons", "TNil"):
             in_shapes = [plan.nodes[j].shape for j in node.inputs]
-            total += node_cost(node.op, in_shapes, node.shape, node.dtype, profile).seconds
+            total += node_cost(node.op, in_shapes, node.shape, node.dtype, profile, node.attrs).seconds
     return total
 
 

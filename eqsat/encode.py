@@ -1,5 +1,6 @@
 """Encoding: the egglog prelude generated from the op table, and a graph as egglog commands."""
 
+import jax.numpy as jnp
 import numpy as np
 
 from eqsat.ir import Graph, Node
@@ -43,24 +44,37 @@ def prelude() -> str:
 
 def encode(graph: Graph) -> str:
     """Each node as a let-bound term, with its shape and dtype known from capture, tagged (Orig index); each GEMM
-    and conv with its place among its siblings (see prelude)."""
+    and conv with its place among the siblings it could merge with (see prelude)."""
     lines = []
-    siblings: dict[tuple[str, int], int] = {}  # (op, input) -> the last place given among the ops reading it
+    term_of: dict[tuple, int] = {}  # a term -> its first node: egglog makes one e-node of identical terms
+    canonical: list[int] = []
+    siblings: dict[tuple, int] = {}  # merge group -> the last place given in it
     for i, node in enumerate(graph.nodes):
+        canonical.append(term_of.setdefault((node.op, node.attrs, tuple(canonical[j] for j in node.inputs)), i))
         lines.append(f"(let $eqsat_n{i} {_term(graph, node)})")
         if node.shape is not None:
             lines.append(f"(set (shape $eqsat_n{i}) {_literal(node.shape)})")
             lines.append(f'(set (dtype $eqsat_n{i}) "{node.dtype}")')
         value = graph.consts.get(node.attrs[0]) if node.op == "Var" else None
-        if value is not None and value.shape == () and value.dtype.kind == "f" and np.isfinite(value):
+        if value is not None and value.shape == () and jnp.issubdtype(value.dtype, jnp.floating) and np.isfinite(value):
             literal = np.format_float_positional(float(value), unique=True, trim="0")
             lines.append(f"(set (scalar-value $eqsat_n{i}) {literal})")
-        if node.op in ("Dot", "Conv"):
-            key = (node.op, node.inputs[0])
-            k = siblings[key] = siblings.get(key, -1) + 1
+        group = _merge_group(graph, node, canonical)
+        if group is not None and canonical[i] == i:
+            k = siblings[group] = siblings.get(group, -1) + 1
             lines.append(f"(set (sibling-first $eqsat_n{i}) {k}) (set (sibling-last $eqsat_n{i}) {k})")
         lines.append(f"(Orig {i} $eqsat_n{i})")
     return "\n".join(lines)
+
+
+def _merge_group(graph: Graph, node: Node, canonical: list[int]) -> tuple | None:
+    """Which contractions a merge rule could join with this one: GEMMs of one input with matrix weights, convs of
+    one input with one stride and dilation, ungrouped (padding left out: a 1x1 conv enlarges to its 3x3 sibling)."""
+    if node.op == "Dot" and len(graph.nodes[node.inputs[1]].shape or ()) == 2:
+        return ("Dot", canonical[node.inputs[0]])
+    if node.op == "Conv" and node.attrs[8] == 1:
+        return ("Conv", canonical[node.inputs[0]], *node.attrs[:2], *node.attrs[6:8])
+    return None
 
 
 def _term(graph: Graph, node: Node) -> str:

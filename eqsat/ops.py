@@ -30,7 +30,7 @@ class OpSpec:
     shape_rules: tuple[str, ...] = ()  # egglog rule bodies; `e` is the node, `sa`/`sb` input shapes
     primitives: tuple[str, ...] = ()  # jax primitives captured as this op
     contracted: Callable[[list[Shape]], int] | None = None  # contraction length per output element
-    epilogue: bool = False  # elementwise work on the output: free where the target fuses GEMM epilogues
+    epilogue: bool = False  # bias and activation on the output: free where the target runs them in the GEMM
 
     def signature(self) -> str:
         return " ".join((*self.attrs, *("Tensor",) * self.arity))

@@ -38,11 +38,11 @@ def collect(extra: list[str | Path] | str | Path | None = None, disabled: tuple[
         extra = []
     elif isinstance(extra, str | Path):
         extra = [extra]
-    builtin_files = {src.origin for src in groups.values()}
+    loaded = {str(Path(src.origin).resolve()) for src in sources}
     for i, item in enumerate(extra):
         src = _user_source(item, i)
-        if src.origin.startswith("<") or str(Path(src.origin).resolve()) not in builtin_files:
-            sources.append(src)  # a built-in file named again is already in (or disabled on purpose)
+        if src.origin.startswith("<") or str(Path(src.origin).resolve()) not in loaded:
+            sources.append(src)  # a built-in group named by its file is loaded once, even where a target disabled it
     check_syntax(sources)
     return sources
 

@@ -26,7 +26,8 @@ class Profile:
     bandwidth: float
     launch_overhead: float
     fuses_elementwise: bool
-    fuses_epilogue: bool = False  # a GEMM's bias add and activation run in its epilogue (cuBLASLt, TPU output fusion)
+    # activations a GEMM runs in its epilogue with the bias add (cuBLASLt: relu; TPU output fusion: any); empty: none
+    epilogue_activations: tuple[str, ...] = ()
     disabled_rules: tuple[str, ...] = ()  # rule groups that do not pay on this target, as measured
     notes: str = ""
     # Measured by `python -m eqsat calibrate` (extract/calibrate.py); the defaults keep older profiles as they were.
@@ -105,6 +106,7 @@ def load_bundled(target: str) -> Profile:
 def _from_json(text: str) -> Profile:
     data = json.loads(text)
     data["disabled_rules"] = tuple(data.get("disabled_rules", ()))
+    data["epilogue_activations"] = tuple(data.get("epilogue_activations", ()))
     known = {f.name for f in fields(Profile)}
     return Profile(**{k: v for k, v in data.items() if k in known})  # extra keys: raw measurements, newer fields
 
@@ -115,9 +117,14 @@ def class_of(op: str) -> str:
 
 
 def node_cost(
-    op: str, in_shapes: list[Shape | None], out_shape: Shape | None, dtype: str | None, profile: Profile
+    op: str,
+    in_shapes: list[Shape | None],
+    out_shape: Shape | None,
+    dtype: str | None,
+    profile: Profile,
+    attrs: tuple = (),
 ) -> Cost:
-    """The predicted cost of one node; in_shapes are its tensor inputs' shapes."""
+    """The predicted cost of one node; in_shapes are its tensor inputs' shapes, attrs its attributes."""
     out_bytes = value_bytes(out_shape, dtype)
     in_bytes = sum(value_bytes(s, dtype) for s in in_shapes)
     cost_class = class_of(op)
@@ -133,13 +140,23 @@ def node_cost(
         moved = in_bytes + out_bytes
         peak = profile.flops_per_second(dtype or "float32", conv=op == "Conv" or cost_class == "conv")
         seconds = max(flops / peak, moved / profile.bandwidth_for(moved))
-        if op in OPS and OPS[op].epilogue and not profile.fuses_epilogue:  # a pass of its own over the output
-            seconds += out_bytes / profile.bandwidth_for(out_bytes)
+        seconds += _epilogue_passes(op, attrs, profile) * out_bytes / profile.bandwidth_for(out_bytes)
         overhead = profile.launch_overhead if profile.contraction_overhead is None else profile.contraction_overhead
         return Cost(seconds + overhead, flops, moved, 1)
     # opaque primitives: one pass over their data, one kernel
     moved = in_bytes + out_bytes
     return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
+
+
+def _epilogue_passes(op: str, attrs: tuple, profile: Profile) -> int:
+    """Passes over the output that a GEMM's epilogue (a Dense op's bias and activation) costs on this target: none
+    where the epilogue runs inside the GEMM, else what the ops it groups cost apart (broadcast, add, activation)."""
+    if op not in OPS or not OPS[op].epilogue:
+        return 0
+    activation = attrs[0] if attrs else "none"
+    if profile.epilogue_activations:
+        return 0 if activation in profile.epilogue_activations else 1
+    return 2 + (activation != "none")
 
 
 def value_bytes(shape: Shape | None, dtype: str | None) -> int:

@@ -176,7 +176,7 @@ def original_cost(graph: Graph, profile: Profile) -> Cost:
     for i in sorted(reachable(graph)):
         node = graph.nodes[i]
         in_shapes = [graph.nodes[i].shape for i in node.inputs]
-        total += node_cost(node.op, in_shapes, node.shape, node.dtype, profile)
+        total += node_cost(node.op, in_shapes, node.shape, node.dtype, profile, node.attrs)
     return total
 
 
@@ -189,7 +189,7 @@ def _cost(node: ENode, snapshot: Snapshot, profile: Profile) -> float:
     out_shape = snapshot.shape.get(node.eclass)
     if out_shape is None or any(s is None for s in in_shapes):
         return math.inf
-    return node_cost(node.op, in_shapes, out_shape, snapshot.dtype.get(node.eclass), profile).seconds
+    return node_cost(node.op, in_shapes, out_shape, snapshot.dtype.get(node.eclass), profile, node.attrs).seconds
 
 
 def _typechecks(node: ENode, snapshot: Snapshot) -> bool:
@@ -259,7 +259,7 @@ def _assemble(
         shape, dtype = snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass)
         in_shapes = [plan_nodes[j].shape for j in inputs]
         free = node.op in _STRUCTURAL or weight[i]
-        cost = Cost() if free else node_cost(node.op, in_shapes, shape, dtype, profile)
+        cost = Cost() if free else node_cost(node.op, in_shapes, shape, dtype, profile, tuple(node.attrs))
         rewritten = _key(node) not in kept
         plan_nodes.append(PlanNode(node.op, inputs, tuple(node.attrs), shape, dtype, cost, rewritten, weight[i]))
         index[node.eclass] = len(plan_nodes) - 1

@@ -276,6 +276,19 @@ def test_rnn_input_projections_batched_over_steps_and_merged():
     _close(fast.prepare(params)(xs), work.fn(params, xs))
 
 
+def test_gemms_of_one_input_computed_twice_still_merge():
+    """jaxprs are not CSE'd: x.reshape(...) written twice is two IR nodes but one e-class; its GEMMs are siblings."""
+
+    def f(w1, w2, x):
+        return x.reshape(256, 64) @ w1, x.reshape(256, 64) @ w2
+
+    key = jax.random.PRNGKey(5)
+    w1, w2, x = jax.random.normal(key, (64, 64)), jax.random.normal(key, (64, 64)), jax.random.normal(key, (64, 256))
+    plan = eqsat.optimize(f, target="h100", params_argnums=(0, 1)).plan(w1, w2, x)
+    assert plan.rules_fired.get("shared-input-merge")
+    assert any(n.op == "Dot" and n.shape == (256, 128) for n in plan.nodes)
+
+
 def test_dense_layers_grouped_with_bias_and_activation_then_merged():
     """relu(x @ W + b) for Q, K and V: each is grouped into one Dense op (GEMM, bias, activation), and the three
     merge into one Dense with concatenated weights and biases, which h100 runs as one GEMM with its epilogue."""
