@@ -1,5 +1,6 @@
 """Plans: the program extracted from a saturated e-graph, with its predicted cost and how it came about."""
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -124,8 +125,14 @@ def build_plan(
     this many times, as memory (under a memory budget).
     """
     nodes = snapshot.nodes
-    weight = _weight_nodes(nodes, params) if params else [False] * len(nodes)
-    costs, roots, baseline = extraction_problem(graph, snapshot, profile, weight, forbid, memory_weight)
+    weight = _weight_nodes(snapshot, params) if params else [False] * len(nodes)
+    # a weight-only value bigger than its inputs (a broadcast bias) is kept once only when weight-only work
+    # reads it; read per call, it is cheaper fused into its reader, so extraction does not price it as free
+    def size(eclass: str) -> int:
+        return value_bytes(snapshot.shape.get(eclass), snapshot.dtype.get(eclass))
+
+    free = [weight[i] and not _expands(size(n.eclass), [size(c) for c in n.children]) for i, n in enumerate(nodes)]
+    costs, roots, baseline = extraction_problem(graph, snapshot, profile, free, forbid, memory_weight)
     method = extractor
     for _ in range(20):
         choice, report = extract(nodes, costs, roots, method, time_limit, baseline, profile.min_gain)
@@ -219,8 +226,9 @@ def _topological(nodes: list[ENode], choice: dict[str, int], roots: list[str]) -
     return order
 
 
-def _weight_nodes(nodes: list[ENode], params: frozenset[str]) -> list[bool]:
+def _weight_nodes(snapshot: Snapshot, params: frozenset[str]) -> list[bool]:
     """Which e-nodes compute from parameters and constants alone (a fixpoint over the e-graph)."""
+    nodes = snapshot.nodes
     weight = [False] * len(nodes)
     classes: set[str] = set()
     changed = True
@@ -237,6 +245,12 @@ def _weight_nodes(nodes: list[ENode], params: frozenset[str]) -> list[bool]:
                 weight[i], changed = True, True
                 classes.add(node.eclass)
     return weight
+
+
+def _expands(out_bytes: int, in_bytes: list[int]) -> bool:
+    """A value bigger than its inputs: kept once, every call would read it in full, where XLA fuses it into its
+    reader for free (kept broadcasts of biases made equinox's CNN 0.62x of jax.jit)."""
+    return bool(in_bytes) and out_bytes > sum(in_bytes)
 
 
 def _assemble(
@@ -263,6 +277,14 @@ def _assemble(
         rewritten = _key(node) not in kept
         plan_nodes.append(PlanNode(node.op, inputs, tuple(node.attrs), shape, dtype, cost, rewritten, weight[i]))
         index[node.eclass] = len(plan_nodes) - 1
+    per_call_reads = set(index[snapshot.orig[i]] for i in graph.outputs)
+    per_call_reads.update(j for n in plan_nodes if not n.weight for j in n.inputs)
+    for j in per_call_reads:  # weight-only but bigger than its inputs, and read per call: computed per call
+        n = plan_nodes[j]
+        in_bytes = [value_bytes(plan_nodes[k].shape, plan_nodes[k].dtype) for k in n.inputs]
+        if n.weight and _expands(value_bytes(n.shape, n.dtype), in_bytes):
+            cost = node_cost(n.op, [plan_nodes[k].shape for k in n.inputs], n.shape, n.dtype, profile, n.attrs)
+            plan_nodes[j] = dataclasses.replace(n, weight=False, cost=cost)
     predicted = Cost()
     for n in plan_nodes:
         predicted += n.cost
