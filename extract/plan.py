@@ -126,6 +126,7 @@ def build_plan(
     """
     nodes = snapshot.nodes
     weight = _weight_nodes(snapshot, params) if params else [False] * len(nodes)
+
     # a weight-only value bigger than its inputs (a broadcast bias) is kept once only when weight-only work
     # reads it; read per call, it is cheaper fused into its reader, so extraction does not price it as free
     def size(eclass: str) -> int:
