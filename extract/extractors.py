@@ -124,11 +124,12 @@ def share(
     dag = _Dag(nodes, costs, dict(full), roots)
     for _ in range(rounds):
         improved = False
-        widths = {shared: lifted(shared, dag)[1] for shared in readers if shared not in dag.counted}
-        for _, shared in sorted((-width, shared) for shared, width in widths.items() if width >= 2):
+        lifts = {shared: lifted(shared, dag) for shared in readers if shared not in dag.counted}
+        unchanged = dag  # the lifts hold until a switch is taken
+        for _, shared in sorted((-width, shared) for shared, (_, width) in lifts.items() if width >= 2):
             if time.perf_counter() > deadline:
                 return dag.choice
-            switch, width = lifted(shared, dag)
+            switch, width = lifts[shared] if dag is unchanged else lifted(shared, dag)
             if shared in dag.counted or width < 2:
                 continue
             try:
