@@ -4,12 +4,14 @@
     python -m benches.run --quick      # small shapes, short timings: a few minutes on 2 cores
     python -m benches.run --models bert,nasrnn --real   # a subset; --real adds the PyPI models
 
-Writes a table to stdout and a JSON file (--out, default benches/results.json).
+Writes a table to stdout and a JSON file (--out, default benches/results.json); --markdown FILE also writes the
+tables in benches/RESULTS.md's form.
 """
 
 import argparse
 import datetime
 import json
+import os
 import platform
 import time
 from typing import Any
@@ -79,6 +81,30 @@ def _row(work: Workload, seconds: float, no_prepare: bool) -> dict[str, Any]:
     return row
 
 
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The tables of benches/RESULTS.md: one row per model, then the roofline time per op class."""
+    lines = [
+        "| model | ops | e-nodes | optimize s | predicted | measured [IQR] | jax.jit ms | XLA peak MiB before -> after "
+        "| rewritten |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rewritten = ", ".join(f"{k} {v}" for k, v in sorted(r["rewritten_ops"].items())) or "none (original kept)"
+        lo, hi = r["measured_iqr"]
+        lines.append(
+            f"| {r['model']} | {r['ops']} | {r['enodes']} | {r['optimize_s']:.2f} | {r['predicted_speedup']:.2f}x "
+            f"| **{r['measured_speedup']:.2f}x** [{lo:.2f}-{hi:.2f}] | {r['jit_ms']:.1f} "
+            f"| {r['peak_bytes_before'] / 2**20:.1f} -> {r['peak_bytes_after'] / 2**20:.1f} | {rewritten} |"
+        )
+    lines += ["", "| model | roofline ms by op class (cost model) | measured eqsat ms | roofline fraction |"]
+    lines.append("|---|---|---|---|")
+    for r in rows:
+        by_class = sorted(r["roofline_ms_by_class"].items(), key=lambda kv: -kv[1])
+        classes = ", ".join(f"{k} {v:.2f}" for k, v in by_class)
+        lines.append(f"| {r['model']} | {classes} | {r['eqsat_ms']:.2f} | {r['roofline_fraction']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     from benches.models.registry import MODELS
 
@@ -89,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-prepare", action="store_true", help="time fast(params, x) instead of prepared")
     parser.add_argument("--seconds", type=float, help="timing budget per model (default 1 quick, 5 full)")
     parser.add_argument("--out", default="benches/results.json")
+    parser.add_argument("--markdown", help="also write the tables as markdown (benches/RESULTS.md's form) here")
     args = parser.parse_args(argv)
     scale = "small" if args.quick else "full"
     seconds = args.seconds or (1.0 if args.quick else 5.0)
@@ -108,12 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''} "
-        f"cpus={jax.local_device_count()} jax={jax.__version__}",
+        f"cpus={os.cpu_count()} jax={jax.__version__}",
         "command": "python -m benches.run " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
         "rows": rows,
     }
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(rows))
     return 0
 
 

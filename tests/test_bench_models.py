@@ -75,3 +75,27 @@ def test_full_model_traces(name: str):
         assert jax.tree.structure(grads) == jax.tree.structure(w.args[0])
     else:
         assert out.shape == FULL_OUT[name]
+
+
+def test_markdown_tables_of_a_run():
+    from benches.run import markdown
+
+    row = {
+        "model": "m",
+        "ops": 3,
+        "enodes": 7,
+        "optimize_s": 0.1234,
+        "predicted_speedup": 1.5,
+        "measured_speedup": 1.25,
+        "measured_iqr": [1.2, 1.3],
+        "jit_ms": 2.0,
+        "eqsat_ms": 1.6,
+        "peak_bytes_before": 2**20,
+        "peak_bytes_after": 2**21,
+        "rewritten_ops": {"Dot": 2, "Concat": 1},
+        "roofline_ms_by_class": {"elementwise": 0.1, "contraction": 1.2},
+        "roofline_fraction": 0.81,
+    }
+    text = markdown([row])
+    assert "| m | 3 | 7 | 0.12 | 1.50x | **1.25x** [1.20-1.30] | 2.0 | 1.0 -> 2.0 | Concat 1, Dot 2 |" in text
+    assert "| m | contraction 1.20, elementwise 0.10 | 1.60 | 0.81 |" in text
