@@ -25,27 +25,27 @@ class _Dag:
         self.refs: dict[str, int] = {}
         self.counted: dict[str, int] = {}  # reached class -> the node whose children hold references
         self.total = 0.0
-        self._update([(+1, r) for r in dict.fromkeys(roots)])
+        self._update(list(dict.fromkeys(roots)), [])
 
     def switched(self, switch: dict[str, int]) -> _Dag:
         """A copy with these classes switched; ValueError if a newly reached class has no choice."""
         new = copy.copy(self)
         new.choice, new.refs, new.counted = {**self.choice, **switch}, dict(self.refs), dict(self.counted)
-        work = []
+        adds: list[str] = []
+        drops: list[str] = []
         for c, i in switch.items():
             old = new.counted.get(c)
-            if old is not None and old != i:
+            if old is not None and old != i:  # a reached class: its references move to the new node's children
                 new.counted[c] = i
                 new.total += self.costs[i] - self.costs[old]
-                work += [(+1, k) for k in set(self.nodes[i].children)]
-                work += [(-1, k) for k in set(self.nodes[old].children)]
-        new._update(work)
+                adds += set(self.nodes[i].children)
+                drops += set(self.nodes[old].children)
+        new._update(adds, drops)
         return new
 
-    def _update(self, work: list[tuple[int, str]]) -> None:
-        """Apply reference changes and their cascades: additions first, so no class is dropped and added back."""
-        adds = [c for delta, c in work if delta > 0]
-        drops = [c for delta, c in work if delta < 0]
+    def _update(self, adds: list[str], drops: list[str]) -> None:
+        """Add and drop one reference to each class listed, with their cascades: additions first, so that no class
+        is dropped and added back."""
         while adds:
             c = adds.pop()
             self.refs[c] = self.refs.get(c, 0) + 1
