@@ -21,7 +21,7 @@ class _Dag:
     proportion to what changes, not to the whole DAG (the sharing pass tries thousands of switches)."""
 
     def __init__(self, nodes: list[ENode], costs: list[float], choice: dict[str, int], roots: list[str]) -> None:
-        self.nodes, self.costs, self.choice = nodes, costs, choice
+        self.nodes, self.costs, self.choice, self.roots = nodes, costs, choice, roots
         self.refs: dict[str, int] = {}
         self.counted: dict[str, int] = {}  # reached class -> the node whose children hold references
         self.total = 0.0
@@ -42,6 +42,15 @@ class _Dag:
                 drops += set(self.nodes[old].children)
         new._update(adds, drops)
         return new
+
+    def settled(self) -> _Dag | None:
+        """This choice checked by a full walk: None if it is cyclic, which reference counts do not see, and rebuilt
+        if a dropped cycle kept its own references (a class reading itself), so that its total is exact."""
+        try:
+            reached = reachable(self.nodes, self.choice, self.roots)
+        except ValueError:
+            return None
+        return self if len(reached) == len(self.counted) else _Dag(self.nodes, self.costs, self.choice, self.roots)
 
     def _update(self, adds: list[str], drops: list[str]) -> None:
         """Add and drop one reference to each class listed, with their cascades: additions first, so that no class
@@ -111,13 +120,6 @@ def share(
             frontier = above
         return switch, width
 
-    def cyclic(trial: _Dag) -> bool:  # a switch can close a cycle, which reference counts do not see
-        try:
-            reachable(nodes, trial.choice, roots)
-        except ValueError:
-            return True
-        return False
-
     def better(trial: _Dag, than: _Dag) -> bool:
         return trial.total < than.total * (1 - 1e-4)
 
@@ -136,13 +138,14 @@ def share(
                 trial = dag.switched(switch)
             except ValueError:
                 continue
-            if not better(trial, dag) or cyclic(trial):
+            if not better(trial, dag) or (checked := trial.settled()) is None or not better(checked, dag):
                 continue
+            trial = checked
             for c in switch:  # undo what does not pay on its own
                 if c in dag.counted and trial.choice[c] != dag.choice[c]:
                     undone = trial.switched({c: dag.choice[c]})
-                    if better(undone, trial) and not cyclic(undone):
-                        trial = undone
+                    if better(undone, trial) and (checked := undone.settled()) is not None and better(checked, trial):
+                        trial = checked
             dag, improved = trial, True
         if not improved:
             break
