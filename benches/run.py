@@ -26,10 +26,10 @@ from eqsat import progress
 from extract.cost import class_of
 
 
-def measure(work: Workload, seconds: float, prepare: bool) -> dict[str, Any]:
+def measure(work: Workload, seconds: float, prepare: bool, target: str = "cpu") -> dict[str, Any]:
     t0 = time.perf_counter()
     progress.begin("measure", f"optimize and measure against jax.jit ({seconds:g} s)")
-    timing, fast = against_jit(work, "cpu", prepare, seconds)
+    timing, fast = against_jit(work, target, prepare, seconds)
     plan = fast.plan(*work.args)
     optimize_s = plan.stats["capture_s"] + plan.stats["saturate_s"] + plan.stats["extract_s"]
     return {
@@ -67,9 +67,9 @@ def _by_class(plan: eqsat.Plan) -> dict[str, float]:
     return {k: v for k, v in seconds.items() if v}
 
 
-def _row(work: Workload, seconds: float, no_prepare: bool) -> dict[str, Any]:
+def _row(work: Workload, seconds: float, no_prepare: bool, target: str) -> dict[str, Any]:
     """Measure one model and print its line of the table."""
-    row = measure(work, seconds, prepare=not no_prepare)
+    row = measure(work, seconds, prepare=not no_prepare, target=target)
     print(
         f"{row['model']:<16} ops {row['ops']:5d}  e-nodes {row['enodes']:6d}  opt {row['optimize_s']:6.2f}s  "
         f"predicted {row['predicted_speedup']:5.2f}x  measured {row['measured_speedup']:5.2f}x "
@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", help="comma-separated subset of " + ",".join(MODELS))
     parser.add_argument("--real", action="store_true", help="also the real PyPI models (extra `models`)")
     parser.add_argument("--no-prepare", action="store_true", help="time fast(params, x) instead of prepared")
+    parser.add_argument("--target", default="cpu", help="device profile to plan for (run it on that device)")
     parser.add_argument("--seconds", type=float, help="timing budget per model (default 1 quick, 5 full)")
     parser.add_argument("--out", default="benches/results.json")
     parser.add_argument("--markdown", help="also write the tables as markdown (benches/RESULTS.md's form) here")
@@ -131,11 +132,12 @@ def main(argv: list[str] | None = None) -> int:
             progress.step("bench", f"model {k + 1}/{len(builders)}", k, len(builders), depth=0)
             work = build()
             progress.step("bench", f"{work.name} ({k + 1}/{len(builders)})", k, len(builders), depth=0)
-            rows.append(_row(work, seconds, args.no_prepare))
+            rows.append(_row(work, seconds, args.no_prepare, args.target))
     report = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.node()} {platform.machine()} {platform.processor() or ''} "
         f"cpus={os.cpu_count()} jax={jax.__version__}",
+        "target": args.target,
         "command": "python -m benches.run " + " ".join(argv if argv is not None else __import__("sys").argv[1:]),
         "rows": rows,
     }
