@@ -62,20 +62,20 @@ def _user_source(item: str | Path, index: int) -> RuleSource:
 REAL_MARK = "; @real"  # a comment line right above a rule: it holds for real numbers, not in floating point
 
 
-def rule_names(src: RuleSource) -> list[str]:
-    """The names saturation reports each rule's matches under, in file order ("=>" / "<=" for a birewrite's two
-    directions; egglog's text of the rule where it has no :name)."""
-    return [name for names, _ in _rules_of(src) for name in names]
+@dataclass(frozen=True)
+class Rule:
+    """One rule of a source: the names saturation reports its matches under ("=>" / "<=" for a birewrite's two
+    directions; egglog's text of the rule where it has no :name), whether the line above it is the REAL_MARK,
+    and where it stands in the source's text (byte offsets)."""
+
+    names: tuple[str, ...]
+    real: bool
+    start: int
+    stop: int
 
 
-def real_rules(sources: list[RuleSource]) -> frozenset[str]:
-    """The names of the rules marked `; @real` (re-association, distributivity, folding a scale into weights): they
-    hold for real numbers, and in floating point change rounding."""
-    return frozenset(name for src in sources for names, real in _rules_of(src) if real for name in names)
-
-
-def _rules_of(src: RuleSource) -> list[tuple[list[str], bool]]:
-    """Each rule's names and whether the line above it is the REAL_MARK."""
+def rules_in(src: RuleSource) -> list[Rule]:
+    """The rules of a source, in file order."""
     raw = src.text.encode()
     out = []
     for command in egg.EGraph().parse_program(src.text, filename=src.origin):
@@ -84,12 +84,23 @@ def _rules_of(src: RuleSource) -> list[tuple[list[str], bool]]:
             continue
         if hasattr(command, "rewrite"):
             name = inner.name or " ".join(str(command).split())
-            names = [f"{name}=>", f"{name}<="] if type(command).__name__ == "BiRewriteCommand" else [name]
+            names = (f"{name}=>", f"{name}<=") if type(command).__name__ == "BiRewriteCommand" else (name,)
         else:
-            names = [inner.name or str(command)]
+            names = (inner.name or str(command),)
         above = raw[: inner.span.i].decode().rstrip().rsplit("\n", 1)[-1].strip()
-        out.append((names, above.startswith(REAL_MARK)))
+        out.append(Rule(names, above.startswith(REAL_MARK), inner.span.i, inner.span.j))
     return out
+
+
+def rule_names(src: RuleSource) -> list[str]:
+    """The names of a source's rules, in file order."""
+    return [name for rule in rules_in(src) for name in rule.names]
+
+
+def real_rules(sources: list[RuleSource]) -> frozenset[str]:
+    """The names of the rules marked `; @real` (re-association, distributivity, folding a scale into weights): they
+    hold for real numbers, and in floating point change rounding."""
+    return frozenset(name for src in sources for rule in rules_in(src) if rule.real for name in rule.names)
 
 
 def check_syntax(sources: list[RuleSource]) -> None:

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import egglog.bindings as egg
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,7 +24,7 @@ from eqsat.capture import capture
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from eqsat.ops import OPS
-from eqsat.rules import RuleSource, collect, real_rules, rule_names
+from eqsat.rules import RuleSource, collect, real_rules, rule_names, rules_in
 from eqsat.saturate import ENode, Limits, Snapshot, saturate
 
 Shape = tuple[int, ...]
@@ -879,12 +878,9 @@ def _keeping(sources: list[RuleSource], keep: Callable[[list[str]], bool]) -> li
     out = []
     for src in sources:
         raw = bytearray(src.text.encode())
-        for command in egg.EGraph().parse_program(src.text, filename=src.origin):
-            inner = getattr(command, "rewrite", None) or getattr(command, "rule", None)
-            if inner is None:
-                continue
-            span = slice(inner.span.i, inner.span.j)
-            if not keep(rule_names(RuleSource(src.name, src.origin, raw[span].decode()))):
+        for rule in rules_in(src):
+            if not keep(list(rule.names)):
+                span = slice(rule.start, rule.stop)
                 raw[span] = bytes(b if b == ord("\n") else ord(" ") for b in raw[span])
         out.append(RuleSource(src.name, src.origin, raw.decode()))
     return out
