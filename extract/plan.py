@@ -146,7 +146,7 @@ def build_plan(
             costs[i] = math.inf
     else:
         raise RuntimeError("extraction kept choosing ill-typed nodes")
-    plan = _assemble(graph, snapshot, profile, weight, choice, order)
+    plan = _assemble(graph, snapshot, profile, weight, free, choice, order)
     plan.extraction = {k: v for k, v in report.items() if v is not None}
     return plan
 
@@ -255,9 +255,18 @@ def _expands(out_bytes: int, in_bytes: list[int]) -> bool:
 
 
 def _assemble(
-    graph: Graph, snapshot: Snapshot, profile: Profile, weight: list[bool], choice: dict[str, int], order: list[int]
+    graph: Graph,
+    snapshot: Snapshot,
+    profile: Profile,
+    weight: list[bool],
+    free: list[bool],
+    choice: dict[str, int],
+    order: list[int],
 ) -> Plan:
+    """The plan of the chosen nodes. A weight-only node that is not free (it expands its inputs) is kept once only
+    where weight-only work alone reads it; read per call, it is computed per call at its full cost."""
     nodes = snapshot.nodes
+    per_call_cost: dict[int, Cost] = {}  # plan node -> its cost if computed per call, for the expanding ones
     kept = set(_original_keys(graph, snapshot))
     index: dict[str, int] = {}  # e-class -> plan node
     lists: dict[str, tuple[int, ...]] = {}  # TList e-class -> plan nodes
@@ -273,19 +282,18 @@ def _assemble(
         inputs = lists[node.children[0]] if node.op == "Op" else tuple(index[c] for c in node.children)
         shape, dtype = snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass)
         in_shapes = [plan_nodes[j].shape for j in inputs]
-        free = node.op in _STRUCTURAL or weight[i]
-        cost = Cost() if free else node_cost(node.op, in_shapes, shape, dtype, profile, tuple(node.attrs))
+        priced = node.op not in _STRUCTURAL and not (weight[i] and free[i])
+        full = node_cost(node.op, in_shapes, shape, dtype, profile, node.attrs) if priced else Cost()
+        cost = Cost() if weight[i] else full
+        if weight[i] and not free[i]:
+            per_call_cost[len(plan_nodes)] = full
         rewritten = _key(node) not in kept
         plan_nodes.append(PlanNode(node.op, inputs, tuple(node.attrs), shape, dtype, cost, rewritten, weight[i]))
         index[node.eclass] = len(plan_nodes) - 1
     per_call_reads = set(index[snapshot.orig[i]] for i in graph.outputs)
     per_call_reads.update(j for n in plan_nodes if not n.weight for j in n.inputs)
-    for j in per_call_reads:  # weight-only but bigger than its inputs, and read per call: computed per call
-        n = plan_nodes[j]
-        in_bytes = [value_bytes(plan_nodes[k].shape, plan_nodes[k].dtype) for k in n.inputs]
-        if n.weight and _expands(value_bytes(n.shape, n.dtype), in_bytes):
-            cost = node_cost(n.op, [plan_nodes[k].shape for k in n.inputs], n.shape, n.dtype, profile, n.attrs)
-            plan_nodes[j] = dataclasses.replace(n, weight=False, cost=cost)
+    for j in per_call_reads & per_call_cost.keys():
+        plan_nodes[j] = dataclasses.replace(plan_nodes[j], weight=False, cost=per_call_cost[j])
     predicted = Cost()
     for n in plan_nodes:
         predicted += n.cost
