@@ -120,8 +120,11 @@ def share(
             frontier = above
         return switch, width
 
-    def better(trial: _Dag, than: _Dag) -> bool:
-        return trial.total < than.total * (1 - 1e-4)
+    def improvement(trial: _Dag, than: _Dag) -> _Dag | None:
+        """The trial, settled, if it is acyclic and cheaper than `than` (checked before and after settling)."""
+        if trial.total >= than.total * (1 - 1e-4) or (settled := trial.settled()) is None:
+            return None
+        return settled if settled.total < than.total * (1 - 1e-4) else None
 
     dag = _Dag(nodes, costs, dict(full), roots)
     for _ in range(rounds):
@@ -138,14 +141,12 @@ def share(
                 trial = dag.switched(switch)
             except ValueError:
                 continue
-            if not better(trial, dag) or (checked := trial.settled()) is None or not better(checked, dag):
+            trial = improvement(trial, dag)
+            if trial is None:
                 continue
-            trial = checked
             for c in switch:  # undo what does not pay on its own
                 if c in dag.counted and trial.choice[c] != dag.choice[c]:
-                    undone = trial.switched({c: dag.choice[c]})
-                    if better(undone, trial) and (checked := undone.settled()) is not None and better(checked, trial):
-                        trial = checked
+                    trial = improvement(trial.switched({c: dag.choice[c]}), trial) or trial
             dag, improved = trial, True
         if not improved:
             break
