@@ -133,8 +133,8 @@ def _model_slice(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[
     src = graph.nodes[inputs[0]]
     assert src.shape is not None
     shape = list(src.shape)
-    cuts = [(axis, lo, hi) for axis, (lo, hi) in enumerate(zip(p["start_indices"], p["limit_indices"], strict=True))]
-    cuts = [(axis, int(lo), int(hi)) for axis, lo, hi in cuts if (lo, hi) != (0, shape[axis])]
+    bounds = enumerate(zip(p["start_indices"], p["limit_indices"], strict=True))
+    cuts = [(axis, int(lo), int(hi)) for axis, (lo, hi) in bounds if (lo, hi) != (0, shape[axis])]
     if not cuts:  # the whole array: a reshape to its own shape, which rules remove
         return "Reshape", (tuple(shape),), inputs
     if any(lo >= hi for _, lo, hi in cuts):
