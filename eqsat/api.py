@@ -27,6 +27,7 @@ from eqsat.measure import median_time
 from eqsat.saturate import Limits, saturate
 from extract.cost import load_profile
 from extract.plan import Plan, build_plan
+from extract.timing import priced
 
 log = logging.getLogger("eqsat")
 
@@ -320,9 +321,12 @@ class Optimized:
     ) -> Plan:
         """build_plan with this optimizer's target, extractor and budgets (a memory budget makes memory a cost)."""
         memory_weight = 1.0 if self.memory_budget is not None else 0.0
-        return build_plan(
-            graph, snapshot, self.profile, params, self.extractor, self.limits.extract_seconds, forbid, memory_weight
+        profile, timing = priced(self.profile, snapshot, self.limits.measure_seconds)
+        plan = build_plan(
+            graph, snapshot, profile, params, self.extractor, self.limits.extract_seconds, forbid, memory_weight
         )
+        plan.stats.update(timing)
+        return plan
 
     def _autotune(
         self, best: Plan, graph: Graph, snapshot: Any, params: frozenset[str], flat: list[Any], original: Any

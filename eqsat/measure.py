@@ -33,10 +33,12 @@ def _time_once(fn: Callable[..., Any], args: tuple, repeat: int) -> float:
     return (time.perf_counter() - start) / repeat
 
 
-def median_time(fn: Callable[..., Any], args: tuple, seconds: float = 0.5, min_rounds: int = 5) -> float:
-    """Median seconds per call of one (already jitted) function, in rounds of at least ~20 ms each."""
+def median_time(
+    fn: Callable[..., Any], args: tuple, seconds: float = 0.5, min_rounds: int = 5, round_seconds: float = 0.02
+) -> float:
+    """Median seconds per call of one (already jitted) function, in rounds of at least `round_seconds` each."""
     jax.block_until_ready(fn(*args))  # compiles
-    repeat = max(1, int(0.02 / max(_time_once(fn, args, 1), 1e-6)))
+    repeat = max(1, int(round_seconds / max(_time_once(fn, args, 1), 1e-6)))
     times: list[float] = []
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline or len(times) < min_rounds:

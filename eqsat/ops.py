@@ -13,6 +13,7 @@ from math import prod
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 Shape = tuple[int, ...]
@@ -107,9 +108,44 @@ def _conv(attrs: tuple, x: Any, w: Any) -> Any:
     )
 
 
+def _shifted_conv(attrs: tuple, x: Any, w: Any) -> Any:
+    """A depthwise convolution (one input channel per group) as a sum of shifted, strided slices of the padded
+    input times weight rows: XLA fuses it into one loop, where XLA:CPU's depthwise kernel runs far below roofline."""
+    sh, sw, pt, pb, pl, pr, dh, dw, _groups = attrs
+    kh, kw, _, out_channels = w.shape
+    n, h, wd, channels = x.shape
+    if out_channels != channels:  # a channel multiplier: output channel o reads input channel o // m
+        m = out_channels // channels
+        x = lax.reshape(lax.broadcast_in_dim(x, (n, h, wd, channels, m), (0, 1, 2, 3)), (n, h, wd, out_channels))
+    acc_dtype = jnp.promote_types(x.dtype, jnp.float32)  # bf16/f16 accumulate in f32, as the conv kernel does
+    xp = lax.pad(x.astype(acc_dtype), lax.full((), 0, acc_dtype), [(0, 0, 0), (pt, pb, 0), (pl, pr, 0), (0, 0, 0)])
+    ho = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
+    wo = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
+    total = None
+    for i in range(kh):
+        for j in range(kw):
+            start = (0, i * dh, j * dw, 0)
+            limit = (n, i * dh + sh * (ho - 1) + 1, j * dw + sw * (wo - 1) + 1, out_channels)
+            tap = lax.slice(xp, start, limit, (1, sh, sw, 1)) * w[i, j, 0].astype(acc_dtype)
+            total = tap if total is None else total + tap
+    return total.astype(x.dtype)
+
+
 def _window_room(size: str, pad_a: str, pad_b: str, kernel: str, dilation: str) -> str:
     """egglog text of size + pads - (dilation*(kernel-1) + 1): how far the window can slide, >= 0 when it fits."""
     return f"(- (+ {size} (+ {pad_a} {pad_b})) (+ (* {dilation} (- {kernel} 1)) 1))"
+
+
+def _conv_shape_rules(name: str) -> tuple[str, ...]:
+    """NHWC x HWIO window arithmetic, for Conv and each of its alternative implementations."""
+    return (
+        f"(rule ((= e ({name} k0 k1 k2 k3 k4 k5 k6 k7 k8 a b)) (= sa (shape a)) (= sb (shape b))"
+        " (= (vec-length sa) 4) (= (vec-length sb) 4) (= (vec-get sa 3) (* k8 (vec-get sb 2)))"
+        " (= 0 (% (vec-get sb 3) k8))"
+        f" (= rh {_window_room('(vec-get sa 1)', 'k2', 'k3', '(vec-get sb 0)', 'k6')}) (>= rh 0)"
+        f" (= rw {_window_room('(vec-get sa 2)', 'k4', 'k5', '(vec-get sb 1)', 'k7')}) (>= rw 0))"
+        " ((set (shape e) (vec-of (vec-get sa 0) (+ (/ rh k0) 1) (+ (/ rw k1) 1) (vec-get sb 3)))))",
+    )
 
 
 def _per_rank_shape_rules(pattern: str, dim: str, max_rank: int = 6) -> tuple[str, ...]:
@@ -192,14 +228,18 @@ OPS: dict[str, OpSpec] = {
             2,
             "contraction",
             _conv,
-            (
-                "(rule ((= e (Conv k0 k1 k2 k3 k4 k5 k6 k7 k8 a b)) (= sa (shape a)) (= sb (shape b))"
-                " (= (vec-length sa) 4) (= (vec-length sb) 4) (= (vec-get sa 3) (* k8 (vec-get sb 2)))"
-                " (= 0 (% (vec-get sb 3) k8))"
-                f" (= rh {_window_room('(vec-get sa 1)', 'k2', 'k3', '(vec-get sb 0)', 'k6')}) (>= rh 0)"
-                f" (= rw {_window_room('(vec-get sa 2)', 'k4', 'k5', '(vec-get sb 1)', 'k7')}) (>= rw 0))"
-                " ((set (shape e) (vec-of (vec-get sa 0) (+ (/ rh k0) 1) (+ (/ rw k1) 1) (vec-get sb 3)))))",
-            ),
+            _conv_shape_rules("Conv"),
+            contracted=lambda shapes: prod(shapes[1][:3]),
+        ),
+        # The same attributes, a depthwise conv (one input channel per group) computed as shifted multiply-adds;
+        # rules/kernels.egg puts it beside the Conv it can replace, the timing cache prices both.
+        OpSpec(
+            "ShiftConv",
+            ("i64",) * 9,
+            2,
+            "contraction",
+            _shifted_conv,
+            _conv_shape_rules("ShiftConv"),
             contracted=lambda shapes: prod(shapes[1][:3]),
         ),
         # broadcast_in_dim: (Bcast target_shape dims a)

@@ -25,6 +25,8 @@ class Limits:
     nodes: int = 50_000
     seconds: float = 10.0
     extract_seconds: float = 0.5  # the ILP's (and the sharing pass's) budget when extractor="auto" or "ilp"
+    # measuring kernels the timing cache lacks (extract/timing.py), per signature; 0 prices them by roofline alone
+    measure_seconds: float = 10.0
 
 
 @dataclass

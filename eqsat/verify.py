@@ -417,16 +417,15 @@ def _gen_chain(draw: DrawFn, prog: Program) -> int:
     return prog.apply("dot", mul, a, prog.apply("dot", mul, b, c))
 
 
-def _dot_sum(batched: bool) -> Callable[[DrawFn, Program], int]:
-    return lambda draw, prog: _gen_dot_sum(draw, prog, batched)
+def _dot_sum(batched: bool, share: str) -> Callable[[DrawFn, Program], int]:
+    return lambda draw, prog: _gen_dot_sum(draw, prog, batched, share)
 
 
-def _gen_dot_sum(draw: DrawFn, prog: Program, batched: bool) -> int:
+def _gen_dot_sum(draw: DrawFn, prog: Program, batched: bool, share: str) -> int:
     """x@w1 + y@w2 sharing the left operand, the right one, or neither: factoring and GEMM-merge patterns."""
     mul = _bdot if batched else _dot
     xs, ws = _matrices(draw, prog, batched, 2)
     x, w = prog.fresh(xs), prog.fresh(ws)
-    share = draw(st.sampled_from(["left", "right", "none"]))
     y = x if share == "left" else prog.fresh(xs if share == "right" else (*xs[:-1], draw(st.integers(1, 8))))
     v = w if share == "right" else prog.fresh((*prog.shapes[y][:-2], prog.shapes[y][-1], ws[-1]))
     return prog.apply("add", lax.add, prog.apply("dot", mul, x, w), prog.apply("dot", mul, y, v))
@@ -485,11 +484,14 @@ def _gen_step_projections(draw: DrawFn, prog: Program) -> int:
 _ACTIVATION_FNS = {"none": lambda y: y, "relu": jax.nn.relu, "tanh": jnp.tanh, "logistic": jax.nn.sigmoid}
 
 
-def _gen_dense(draw: DrawFn, prog: Program) -> int:
+def _dense(act: str) -> Callable[[DrawFn, Program], int]:
+    return lambda draw, prog: _gen_dense(draw, prog, act)
+
+
+def _gen_dense(draw: DrawFn, prog: Program, act: str) -> int:
     """act(x @ W + b), b along the last axis, one or two such layers of one input: what grouping a GEMM with its
-    bias and activation, and merging the groups, match."""
+    bias and activation, and merging the groups, match. One generator entry per activation, so each leads some."""
     x = prog.fresh(_dims(draw, draw(st.integers(2, 3))))
-    act = draw(st.sampled_from(sorted(_ACTIVATION_FNS)))
     out = x
     for _ in range(draw(st.integers(1, 2))):
         n = draw(st.integers(1, 8))
@@ -531,19 +533,23 @@ def _row(prog: Program, shape: Shape) -> int:
     return prog.apply("bcast_row", lambda v: lax.broadcast_in_dim(v, shape, (len(shape) - 1,)), prog.fresh(shape[-1:]))
 
 
-def _gen_scale_shift(draw: DrawFn, prog: Program) -> int:
-    """layer(x) * scale + shift per output channel, layer a dense or conv layer, with or without a bias of its own:
-    BatchNorm in inference form."""
+def _scale_shift(biased: bool | None) -> Callable[[DrawFn, Program], int]:
+    return lambda draw, prog: _gen_scale_shift(draw, prog, biased)
+
+
+def _gen_scale_shift(draw: DrawFn, prog: Program, biased: bool | None) -> int:
+    """layer(x) * scale + shift per output channel, layer a dense or conv layer, with or without (None: either) a
+    bias of its own: BatchNorm in inference form."""
     if draw(st.booleans()):
         y = _gen_conv(draw, prog)
     else:
         x = prog.pick(draw, lambda s: 1 <= len(s) <= 3, _dims(draw, draw(st.integers(1, 3))))
         y = prog.apply("dot", _dot, x, prog.fresh((prog.shapes[x][-1], draw(st.integers(1, 8)))))
     shape = prog.shapes[y]
-    if draw(st.booleans()):
+    if biased or (biased is None and draw(st.booleans())):
         y = prog.apply("add", lax.add, y, _row(prog, shape))
     scaled = prog.apply("mul", lax.mul, y, _row(prog, shape))
-    return prog.apply("add", lax.add, scaled, _row(prog, shape)) if draw(st.booleans()) else scaled
+    return prog.apply("add", lax.add, scaled, _row(prog, shape)) if biased or draw(st.booleans()) else scaled
 
 
 def _conv_fn(strides: Shape, pad: str, dilation: Shape, groups: int) -> Callable[[Any, Any], Any]:
@@ -590,6 +596,15 @@ def _gen_conv(draw: DrawFn, prog: Program) -> int:
     return prog.apply(label, conv, x, prog.pick(draw, lambda s: s == kernel, kernel))
 
 
+def _gen_depthwise(draw: DrawFn, prog: Program) -> int:
+    """A depthwise conv (groups = input channels, a channel multiplier of 1-2): what kernel selection rewrites."""
+    x = prog.fresh((draw(st.integers(1, 2)), draw(st.integers(3, 7)), draw(st.integers(3, 7)), draw(st.integers(1, 4))))
+    channels = prog.shapes[x][3]
+    kernel, conv, label = _conv_params(draw, prog, x, channels)
+    kernel = (*kernel[:3], channels * draw(st.integers(1, 2)))
+    return prog.apply(label, conv, x, prog.pick(draw, lambda s: s == kernel, kernel))
+
+
 def _gen_sibling_convs(draw: DrawFn, prog: Program) -> int:
     """Two convs of one input with one window, kept apart or concatenated on channels: conv-merge patterns."""
     x = _conv_input(draw, prog, 1)
@@ -604,13 +619,15 @@ def _gen_sibling_convs(draw: DrawFn, prog: Program) -> int:
 _TRANSPOSE_INNER = ("", "add", "mul", "tanh", "exp")
 
 
-def _transpose(inner: str) -> Callable[[DrawFn, Program], int]:
-    return lambda draw, prog: _gen_transpose(draw, prog, inner)
+def _transpose(inner: str, rank: int | None = None) -> Callable[[DrawFn, Program], int]:
+    return lambda draw, prog: _gen_transpose(draw, prog, inner, rank)
 
 
-def _gen_transpose(draw: DrawFn, prog: Program, inner: str) -> int:
-    """A permutation of the axes (often a swap of the last two), of a value or of an elementwise op."""
-    a = prog.pick(draw, lambda s: 2 <= len(s) <= 4, _dims(draw, draw(st.integers(2, 4))))
+def _gen_transpose(draw: DrawFn, prog: Program, inner: str, rank: int | None = None) -> int:
+    """A permutation of the axes (often a swap of the last two), of a value or of an elementwise op; of a given
+    rank or of rank 2-4."""
+    ranks = (rank, rank) if rank else (2, 4)
+    a = prog.pick(draw, lambda s: ranks[0] <= len(s) <= ranks[1], _dims(draw, draw(st.integers(*ranks))))
     if inner in ("add", "mul"):
         b = prog.pick(draw, lambda s: s == prog.shapes[a], prog.shapes[a])
         a = prog.apply(inner, lax.add if inner == "add" else lax.mul, a, b)
@@ -748,7 +765,7 @@ def _unary_of_broadcast(fn: Callable[[Any], Any]) -> Callable[[DrawFn, Program],
 # Ops only rules create (Pad, Dense, the stable composites) still get an entry: the JAX that rules rewrite into them.
 GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     "Dot": _gen_dot,
-    "Dense": _gen_dense,
+    **{f"Dense-{act}": _dense(act) for act in _ACTIVATION_FNS},
     "BatchDot": _gen_batch_dot,
     "MT": _gen_dot_t,
     "Add": _binary(lax.add),
@@ -768,9 +785,11 @@ GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     "Slice": _gen_slice,
     "Bcast": _gen_bcast,
     "Conv": _gen_conv,
+    "ShiftConv": _gen_depthwise,
     "sibling-convs": _gen_sibling_convs,
     "Op": _gen_opaque,
     **{f"Transpose{'-' + inner if inner else ''}": _transpose(inner) for inner in _TRANSPOSE_INNER},
+    "Transpose-4d": _transpose("", rank=4),
     "Reshape": _gen_reshape,
     "Pad": _gen_pad,
     "ReduceSum": _reduce(jnp.sum),
@@ -780,13 +799,17 @@ GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     **{f"concat-{kind}": _concat_ops(kind) for kind in _CONCAT_KINDS},
     # rule patterns several ops make up
     "chain": _gen_chain,
-    "dot-sum": _dot_sum(batched=False),
-    "batchdot-sum": _dot_sum(batched=True),
+    **{
+        f"{kind}-sum-{share}": _dot_sum(kind == "batchdot", share)
+        for kind in ("dot", "batchdot")
+        for share in ("left", "right", "none")
+    },
     "dot-of-sum": _gen_dot_of_sum,
     "shared-dots": _gen_shared_dots,
     "step-projections": _gen_step_projections,
     "transposed": _gen_transposed,
-    "scale-shift": _gen_scale_shift,
+    "scale-shift": _scale_shift(None),
+    "scale-shift-biased": _scale_shift(True),
     "Softmax": _gen_naive_softmax,
     "LogSumExp": _gen_naive_logsumexp,
     "exp-of-bcast": _unary_of_broadcast(lambda v: lax.exp(lax.tanh(v))),

@@ -6,10 +6,11 @@ output and no kernel of its own; contractions cost max(compute, memory) plus a k
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from math import prod
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +38,10 @@ class Profile:
     cache_bytes: float = 0.0
     min_gain: float = 0.05  # predicted gains below this fraction are within the model's error: keep the original
     call_overhead: float = 0.0  # fixed seconds per jitted call: the same for every plan, so not priced per node
+    # the device whose timing cache (extract/timing.py) prices this target's contractions, as local_device() names it
+    timing_device: str = ""
+    # measured seconds per node key (node_key), attached at planning time; they replace the roofline where present
+    timings: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
     def flops_per_second(self, dtype: str, conv: bool = False) -> float:
         peak = self.conv_peak_flops if conv and self.conv_peak_flops else self.peak_flops
@@ -53,6 +58,7 @@ class Cost:
     flops: float = 0.0
     bytes: float = 0.0
     kernels: int = 0
+    measured: int = 0  # nodes whose seconds came from the timing cache, not the roofline
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(
@@ -60,6 +66,7 @@ class Cost:
             self.flops + other.flops,
             self.bytes + other.bytes,
             self.kernels + other.kernels,
+            self.measured + other.measured,
         )
 
 
@@ -138,6 +145,9 @@ def node_cost(
         assert out_shape is not None and in_shapes[0] is not None
         flops = float(contraction_flops(op, in_shapes, out_shape))
         moved = in_bytes + out_bytes
+        measured = profile.timings.get(node_key(op, attrs, in_shapes, dtype)) if profile.timings else None
+        if measured is not None:
+            return Cost(measured, flops, moved, 1, measured=1)
         peak = profile.flops_per_second(dtype or "float32", conv=op == "Conv" or cost_class == "conv")
         seconds = max(flops / peak, moved / profile.bandwidth_for(moved))
         seconds += _epilogue_passes(op, attrs, profile) * out_bytes / profile.bandwidth_for(out_bytes)
@@ -157,6 +167,15 @@ def _epilogue_passes(op: str, attrs: tuple, profile: Profile) -> int:
     if profile.epilogue_activations:
         return 0 if activation in profile.epilogue_activations else 1
     return 2 + (activation != "none")
+
+
+def node_key(op: str, attrs: tuple, in_shapes: list[Shape | None], dtype: str | None) -> str:
+    """A node's key in the timing cache: op, attributes, input shapes and dtype, as canonical JSON."""
+
+    def plain(value: Any) -> Any:
+        return [plain(v) for v in value] if isinstance(value, tuple | list) else value
+
+    return json.dumps([op, plain(tuple(attrs)), [plain(tuple(s)) for s in in_shapes if s is not None], dtype])
 
 
 def value_bytes(shape: Shape | None, dtype: str | None) -> int:

@@ -85,6 +85,14 @@ class Plan:
             "  time             "
             + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in self.stats.items() if k.endswith("_s")),
         ]
+        contractions = [n for n in self.nodes if n.cost.kernels and n.op != "Op"]
+        if contractions:
+            lines.append(
+                f"  kernel costs     {sum(n.cost.measured for n in contractions)} of {len(contractions)} measured "
+                f"(timing cache: {int(self.stats.get('timing_hits', 0))} hits, "
+                f"{int(self.stats.get('timing_measured', 0))} measured now, "
+                f"{int(self.stats.get('timing_skipped', 0))} over budget), the rest predicted by roofline"
+            )
         if self.rules_fired:
             fired = ", ".join(f"{name} x{count}" for name, count in sorted(self.rules_fired.items()))
             lines.append(f"  rules fired      {fired}")

@@ -14,7 +14,8 @@ UNSOUND_SUB = '(rewrite (Sub a b) (Sub b a) :name "unsound-sub")'
 
 def test_every_op_has_a_generator():
     # a new op in the table needs a GENERATORS entry, or no rule over it can be verified
-    assert set(OPS) - {"Var"} <= set(GENERATORS)
+    # (entries named op-variant, such as Dense-relu, lead programs of one op in several forms)
+    assert set(OPS) - {"Var"} <= {name.split("-")[0] for name in GENERATORS}
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))

@@ -1,0 +1,214 @@
+"""The timing cache: what single kernels measured on a device, where the roofline cannot tell.
+
+XLA's kernels are not all near the roofline of their op class (a depthwise conv on XLA:CPU runs ~50x below a dense
+one), so a contraction-class node and each of its alternatives is priced by compiling it alone and running it on
+the device the plan is for, the median kept. Entries are keyed by op, attributes, input shapes and dtype, and kept
+per device and jax version as versioned JSON in eqsat's cache directory, so a later process measures nothing again.
+A cache measured elsewhere (a GPU machine) is imported with `python -m eqsat tune --import FILE` and prices plans
+for the profile that names that device.
+"""
+
+import json
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import jax
+import jaxlib
+import numpy as np
+
+from eqsat import progress
+from eqsat.measure import median_time
+from eqsat.ops import OPS
+from eqsat.saturate import Snapshot
+from extract.cost import Profile, cache_dir, node_key
+
+FORMAT = 1
+Shape = tuple[int, ...]
+log = logging.getLogger("eqsat")
+
+
+def local_device() -> str:
+    """The device plans run on here, as timing caches name it: backend and device kind, e.g. 'cpu:cpu'."""
+    device = jax.devices()[0]
+    return f"{device.platform}:{device.device_kind}"
+
+
+def versions() -> str:
+    return f"jax {jax.__version__}, jaxlib {jaxlib.__version__}"
+
+
+def measurable(op: str) -> bool:
+    """Contraction-class ops (GEMMs, convs and their alternatives): the kernels whose speed the roofline misses."""
+    return op in OPS and OPS[op].cost_class == "contraction"
+
+
+@dataclass
+class TimingCache:
+    """Measured seconds per node key for one device and jax version; `path` is where it is kept."""
+
+    device: str
+    versions: str
+    entries: dict[str, float] = field(default_factory=dict)
+    path: Path | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def to_json(self) -> str:
+        data = {"format": FORMAT, "device": self.device, "versions": self.versions, "entries": self.entries}
+        return json.dumps(data, indent=1, sort_keys=True)
+
+    def save(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(self.path)  # atomic: a reader in another process sees the old file or the new one
+
+    def merge(self, other: "TimingCache") -> int:
+        """Take another cache's entries for the same device and versions; returns how many were new."""
+        if (other.device, other.versions) != (self.device, self.versions):
+            raise ValueError(
+                f"timing cache for {other.device} ({other.versions}) cannot join one for {self.device} "
+                f"({self.versions})"
+            )
+        new = {k: v for k, v in other.entries.items() if k not in self.entries}
+        self.entries.update(new)
+        return len(new)
+
+
+def parse(text: str, origin: str) -> TimingCache:
+    """A timing cache from its JSON text; `origin` names the file in errors."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{origin}: not a timing cache (invalid JSON: {error})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
+        raise ValueError(f"{origin}: not a timing cache of format {FORMAT}")
+    entries = {str(k): float(v) for k, v in data["entries"].items()}
+    return TimingCache(str(data["device"]), str(data["versions"]), entries)
+
+
+def cache_path(device: str) -> Path:
+    return cache_dir() / "timing" / (re.sub(r"[^A-Za-z0-9_.-]+", "_", device) + ".json")
+
+
+_LOADED: dict[tuple[str, str], TimingCache] = {}
+_LOADING = threading.Lock()
+
+
+def cache_for(device: str) -> TimingCache:
+    """The process's timing cache for a device (loaded once from the cache directory); entries of another jax
+    version are not kept, since a new XLA may run the same op differently."""
+    key = (device, str(cache_path(device)))
+    with _LOADING:
+        if key not in _LOADED:
+            path = cache_path(device)
+            cache = TimingCache(device, versions(), path=path)
+            if path.is_file():
+                try:
+                    stored = parse(path.read_text(), str(path))
+                    if stored.versions == cache.versions and stored.device == device:
+                        cache.entries = stored.entries
+                except ValueError as error:
+                    log.warning("eqsat: ignoring the timing cache %s", error)
+            _LOADED[key] = cache
+        return _LOADED[key]
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """A node to price by measurement: its key and how to build it."""
+
+    key: str
+    op: str
+    attrs: tuple
+    in_shapes: tuple[Shape, ...]
+    dtype: str
+
+
+def _call_overhead() -> float:
+    """Seconds one jitted call costs on its own here, taken off each measurement so kernels are priced alone."""
+    if "call" not in _OVERHEAD:
+        tiny = jax.numpy.zeros((8,), jax.numpy.float32)
+        _OVERHEAD["call"] = median_time(jax.jit(lambda x: x + 1), (tiny,), 0.0, 7, 0.002)
+    return _OVERHEAD["call"]
+
+
+_OVERHEAD: dict[str, float] = {}
+
+
+def measure_one(wanted: Wanted) -> float:
+    """Compile the node alone on random inputs and return the median seconds of a few runs, call overhead off."""
+    spec = OPS[wanted.op]
+    rng = np.random.default_rng(0)
+    with jax.ensure_compile_time_eval():  # planning may run inside the caller's jax.jit trace: run, do not trace
+        args = tuple(jax.numpy.asarray(rng.standard_normal(s).astype(wanted.dtype)) for s in wanted.in_shapes)
+        fn = jax.jit(lambda *xs: spec.lower(wanted.attrs, *xs))
+        seconds = median_time(fn, args, 0.0, 5, 0.002)
+        return max(seconds - _call_overhead(), 0.1 * seconds)
+
+
+def measure(cache: TimingCache, wanted: list[Wanted], budget: float) -> dict[str, int]:
+    """Measure the wanted nodes the cache lacks, in order, until `budget` seconds are spent; save the cache.
+
+    Returns counts: hits (already cached), measured, skipped (over budget)."""
+    missing = list({w.key: w for w in wanted if w.key not in cache.entries}.values())
+    counts = {"hits": len({w.key for w in wanted}) - len(missing), "measured": 0, "skipped": 0}
+    if not missing or budget <= 0:
+        counts["skipped"] = len(missing)
+        return counts
+    start = time.perf_counter()
+    progress.begin("measure", f"measure {len(missing)} kernels", total=len(missing))
+    for k, item in enumerate(missing):
+        if time.perf_counter() - start >= budget:
+            counts["skipped"] = len(missing) - k
+            break
+        try:
+            seconds = measure_one(item)
+        except Exception as error:  # a node that does not compile alone keeps its roofline price
+            log.info("eqsat: could not measure %s: %s", item.key, error)
+            continue
+        with cache.lock:
+            cache.entries[item.key] = seconds
+        counts["measured"] += 1
+        progress.step("measure", f"measure: {item.op} {k + 1}/{len(missing)}", k + 1, len(missing))
+    cache.save()
+    return counts
+
+
+def wanted_nodes(snapshot: Snapshot) -> list[Wanted]:
+    """The e-graph's contraction-class e-nodes with known shapes; those of e-classes that hold alternatives (the
+    kernel choices) first, then the rest in e-graph order."""
+    by_class: dict[str, set[str]] = {}
+    items: list[tuple[str, Wanted]] = []
+    for node in snapshot.nodes:
+        in_shapes = tuple(snapshot.shape.get(c) for c in node.children)
+        dtype = snapshot.dtype.get(node.eclass)
+        if not measurable(node.op) or node.subsumed or dtype is None or any(s is None for s in in_shapes):
+            continue
+        by_class.setdefault(node.eclass, set()).add(node.op)
+        key = node_key(node.op, tuple(node.attrs), list(in_shapes), dtype)
+        items.append((node.eclass, Wanted(key, node.op, tuple(node.attrs), in_shapes, dtype)))
+    choices = [w for eclass, w in items if len(by_class[eclass]) > 1]
+    return choices + [w for eclass, w in items if len(by_class[eclass]) <= 1]
+
+
+def priced(profile: Profile, snapshot: Snapshot, budget: float) -> tuple[Profile, dict[str, float]]:
+    """The profile with the timing cache of its device attached, after measuring what it lacks (on this device
+    only, within `budget` seconds); and what happened, for the plan's stats."""
+    if not profile.timing_device:
+        return profile, {}
+    cache = cache_for(profile.timing_device)
+    here = profile.timing_device == local_device()
+    start = time.perf_counter()
+    counts = measure(cache, wanted_nodes(snapshot), budget if here else 0.0)
+    stats = {f"timing_{k}": float(v) for k, v in counts.items()}
+    if counts["measured"]:
+        stats["measure_s"] = time.perf_counter() - start
+    with cache.lock:
+        entries = dict(cache.entries)
+    return replace(profile, timings=entries), stats
