@@ -85,7 +85,7 @@ class Plan:
             "  time             "
             + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in self.stats.items() if k.endswith("_s")),
         ]
-        contractions = [n for n in self.nodes if n.cost.kernels and n.op != "Op"]
+        contractions = [n for n in self.nodes if n.op in OPS and OPS[n.op].cost_class == "contraction"]
         if contractions:
             lines.append(
                 f"  kernel costs     {sum(n.cost.measured for n in contractions)} of {len(contractions)} measured "

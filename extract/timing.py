@@ -52,7 +52,7 @@ class TimingCache:
 
     device: str
     versions: str
-    entries: dict[str, float] = field(default_factory=dict)
+    entries: dict[str, float | None] = field(default_factory=dict)  # None: too fast to measure, roofline-priced
     path: Path | None = None
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -88,7 +88,7 @@ def parse(text: str, origin: str) -> TimingCache:
         raise ValueError(f"{origin}: not a timing cache (invalid JSON: {error})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
         raise ValueError(f"{origin}: not a timing cache of format {FORMAT}")
-    entries = {str(k): float(v) for k, v in data["entries"].items()}
+    entries = {str(k): None if v is None else float(v) for k, v in data["entries"].items()}
     return TimingCache(str(data["device"]), str(data["versions"]), entries)
 
 
@@ -141,15 +141,17 @@ def _call_overhead() -> float:
 _OVERHEAD: dict[str, float] = {}
 
 
-def measure_one(wanted: Wanted) -> float:
-    """Compile the node alone on random inputs and return the median seconds of a few runs, call overhead off."""
+def measure_one(wanted: Wanted) -> float | None:
+    """Compile the node alone on random inputs and return the median seconds of a few runs, call overhead off;
+    None for a kernel that runs in less than two calls' overhead: dispatch noise hides it, the roofline prices it."""
     spec = OPS[wanted.op]
     rng = np.random.default_rng(0)
     with jax.ensure_compile_time_eval():  # planning may run inside the caller's jax.jit trace: run, do not trace
         args = tuple(jax.numpy.asarray(rng.standard_normal(s).astype(wanted.dtype)) for s in wanted.in_shapes)
         fn = jax.jit(lambda *xs: spec.lower(wanted.attrs, *xs))
         seconds = median_time(fn, args, 0.0, 5, 0.002)
-        return max(seconds - _call_overhead(), 0.1 * seconds)
+        overhead = _call_overhead()
+        return seconds - overhead if seconds > 3 * overhead else None
 
 
 def measure(cache: TimingCache, wanted: list[Wanted], budget: float) -> dict[str, int]:
@@ -181,8 +183,9 @@ def measure(cache: TimingCache, wanted: list[Wanted], budget: float) -> dict[str
 
 
 def wanted_nodes(snapshot: Snapshot) -> list[Wanted]:
-    """The e-graph's contraction-class e-nodes with known shapes; those of e-classes that hold alternatives (the
-    kernel choices) first, then the rest in e-graph order."""
+    """The kernel choices: contraction-class e-nodes of e-classes that hold more than one such op (a Conv and its
+    ShiftConv), with known shapes. Other kernels keep the roofline: a single kernel without rivals is priced the
+    same in every candidate plan, and on a loaded machine a small kernel's measurement is mostly noise."""
     by_class: dict[str, set[str]] = {}
     items: list[tuple[str, Wanted]] = []
     for node in snapshot.nodes:
@@ -193,8 +196,7 @@ def wanted_nodes(snapshot: Snapshot) -> list[Wanted]:
         by_class.setdefault(node.eclass, set()).add(node.op)
         key = node_key(node.op, tuple(node.attrs), list(in_shapes), dtype)
         items.append((node.eclass, Wanted(key, node.op, tuple(node.attrs), in_shapes, dtype)))
-    choices = [w for eclass, w in items if len(by_class[eclass]) > 1]
-    return choices + [w for eclass, w in items if len(by_class[eclass]) <= 1]
+    return [w for eclass, w in items if len(by_class[eclass]) > 1]
 
 
 def priced(profile: Profile, snapshot: Snapshot, budget: float) -> tuple[Profile, dict[str, float]]:
@@ -210,5 +212,5 @@ def priced(profile: Profile, snapshot: Snapshot, budget: float) -> tuple[Profile
     if counts["measured"]:
         stats["measure_s"] = time.perf_counter() - start
     with cache.lock:
-        entries = dict(cache.entries)
+        entries = {k: v for k, v in cache.entries.items() if v is not None}
     return replace(profile, timings=entries), stats
