@@ -159,21 +159,43 @@ def _model_bcast(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[
     return "Bcast", (tuple(eqn.params["shape"]), tuple(eqn.params["broadcast_dimensions"])), inputs
 
 
+_NHWC, _HWIO = (0, 3, 1, 2), (3, 2, 0, 1)  # (batch, feature, spatial...) specs of NHWC and HWIO arrays
+
+
 def _model_conv(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
-    """conv_general_dilated in NHWC x HWIO -> NHWC form without input dilation."""
+    """A 2-D conv_general_dilated without input dilation as an NHWC x HWIO -> NHWC Conv; other layouts (NCHW,
+    the HWOI kernels of input gradients, what vmap produces) get transposes around it, which XLA folds."""
     p = eqn.params
     dims = p["dimension_numbers"]
-    nhwc = (tuple(dims.lhs_spec), tuple(dims.rhs_spec), tuple(dims.out_spec)) == (
-        (0, 3, 1, 2),
-        (3, 2, 0, 1),
-        (0, 3, 1, 2),
-    )
     plain = p["batch_group_count"] == 1 and tuple(p["lhs_dilation"]) == (1, 1) and p["precision"] is None
-    if not (nhwc and plain and p["preferred_element_type"] is None and len(p["window_strides"]) == 2):
+    if not (plain and p["preferred_element_type"] is None and len(p["window_strides"]) == 2):
         return None
+    x, w = (
+        _to_spec(graph, node, tuple(spec), target)
+        for node, spec, target in zip(inputs, (dims.lhs_spec, dims.rhs_spec), (_NHWC, _HWIO), strict=True)
+    )
     (pt, pb), (pl, pr) = p["padding"]
-    attrs = (*p["window_strides"], pt, pb, pl, pr, *p["rhs_dilation"], p["feature_group_count"])
-    return "Conv", tuple(int(a) for a in attrs), inputs
+    attrs = tuple(int(a) for a in (*p["window_strides"], pt, pb, pl, pr, *p["rhs_dilation"], p["feature_group_count"]))
+    out_spec = tuple(dims.out_spec)
+    if out_spec == _NHWC:
+        return "Conv", attrs, [x, w]
+    out = eqn.outvars[0].aval
+    nhwc_shape = tuple(out.shape[out_spec[k]] for k in (0, 2, 3, 1))
+    conv = graph.add(Node("Conv", (x, w), attrs, nhwc_shape, str(out.dtype)))
+    perm = tuple(_NHWC[out_spec.index(axis)] for axis in range(4))
+    return "Transpose", (perm,), [conv]
+
+
+def _to_spec(graph: Graph, node: int, spec: tuple[int, ...], target: tuple[int, ...]) -> int:
+    """The array transposed so that its logical axes (batch/out-feature, feature/in-feature, spatial...) sit where
+    `target` says: spec[k] is the axis holding logical axis k now, target[k] where it must go."""
+    if spec == target:
+        return node
+    src = graph.nodes[node]
+    assert src.shape is not None
+    perm = tuple(spec[target.index(axis)] for axis in range(len(spec)))
+    shape = tuple(src.shape[a] for a in perm)
+    return graph.add(Node("Transpose", (node,), (perm,), shape, src.dtype))
 
 
 def _model_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
