@@ -71,6 +71,8 @@ def _model(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, t
     name = eqn.primitive.name
     if eqn.effects or not all(isinstance(v.aval, ShapedArray) for v in (*eqn.invars, *eqn.outvars)):
         return None
+    if name == "convert_element_type":
+        return _model_one_hot(graph, eqn, inputs)
     dtypes = {v.aval.dtype for v in (*eqn.invars, *eqn.outvars)}
     if len(dtypes) != 1 or dtypes == {np.dtype(bool)} or not isinstance(next(iter(dtypes)), np.dtype):
         return None
@@ -196,6 +198,29 @@ def _to_spec(graph: Graph, node: int, spec: tuple[int, ...], target: tuple[int, 
     perm = tuple(spec[target.index(axis)] for axis in range(len(spec)))
     shape = tuple(src.shape[a] for a in perm)
     return graph.add(Node("Transpose", (node,), (perm,), shape, src.dtype))
+
+
+def _model_one_hot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    """jax.nn.one_hot: convert(eq(broadcast(ids)[..., None], iota along the last axis)) as (OneHot depth dtype ids);
+    any other conversion stays opaque."""
+    source = graph.nodes[inputs[0]]
+    if source.op != "Op" or graph.opaque[source.attrs[0]].primitive.name != "eq" or len(source.inputs) != 2:
+        return None
+    expanded, iota = (graph.nodes[i] for i in source.inputs)
+    if expanded.op == "Op":
+        expanded, iota = iota, expanded
+    if iota.op != "Op" or expanded.op != "Bcast" or not expanded.shape or expanded.shape[-1] != 1:
+        return None
+    call = graph.opaque[iota.attrs[0]]
+    rank = len(expanded.shape)
+    if call.primitive.name != "iota" or call.params["dimension"] != rank - 1 or len(call.params["shape"]) != rank:
+        return None
+    if expanded.attrs[1] != tuple(range(rank - 1)) or tuple(call.params["shape"][:-1]) != (1,) * (rank - 1):
+        return None
+    ids = expanded.inputs[0]
+    if graph.nodes[ids].shape != expanded.shape[:-1]:
+        return None
+    return "OneHot", (int(call.params["shape"][-1]), str(eqn.outvars[0].aval.dtype)), [ids]
 
 
 def _model_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:

@@ -35,10 +35,8 @@ def prelude() -> str:
             body = rule.format(pat=op.pattern()).removesuffix(")")
             lines.append(f'{body} :ruleset {ANALYSIS} :name "{ANALYSIS}:shape-{op.name}-{k}")')
         if op.arity:
-            lines.append(
-                f"(rule ((= e {op.pattern()}) (= d (dtype a))) ((set (dtype e) d))"
-                f' :ruleset {ANALYSIS} :name "{ANALYSIS}:dtype-{op.name}")'
-            )
+            dtype_rule = op.dtype_rule or f"(rule ((= e {op.pattern()}) (= d (dtype a))) ((set (dtype e) d)))"
+            lines.append(f'{dtype_rule.removesuffix(")")} :ruleset {ANALYSIS} :name "{ANALYSIS}:dtype-{op.name}")')
     return "\n".join(lines)
 
 

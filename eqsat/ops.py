@@ -32,6 +32,7 @@ class OpSpec:
     primitives: tuple[str, ...] = ()  # jax primitives captured as this op
     contracted: Callable[[list[Shape]], int] | None = None  # contraction length per output element
     epilogue: bool = False  # bias and activation on the output: free where the target runs them in the GEMM
+    dtype_rule: str | None = None  # egglog rule body setting (dtype e); None: the first input's dtype
 
     def signature(self) -> str:
         return " ".join((*self.attrs, *("Tensor",) * self.arity))
@@ -129,6 +130,17 @@ def _shifted_conv(attrs: tuple, x: Any, w: Any) -> Any:
             tap = lax.slice(xp, start, limit, (1, sh, sw, 1)) * w[i, j, 0].astype(acc_dtype)
             total = tap if total is None else total + tap
     return total.astype(x.dtype)
+
+
+def _one_hot(attrs: tuple, ids: Any) -> Any:
+    depth, dtype = attrs
+    return jax.nn.one_hot(ids, depth, dtype=dtype)
+
+
+def _take_rows(_attrs: tuple, table: Any, ids: Any) -> Any:
+    """Rows of `table` by index, zero where the index is out of range: what one_hot(ids) @ table computes."""
+    rows = jnp.take(table, ids, axis=0, mode="fill", fill_value=0)
+    return jnp.where((ids >= 0)[..., None], rows, jnp.zeros((), table.dtype))
 
 
 def _window_room(size: str, pad_a: str, pad_b: str, kernel: str, dilation: str) -> str:
@@ -241,6 +253,28 @@ OPS: dict[str, OpSpec] = {
             _shifted_conv,
             _conv_shape_rules("ShiftConv"),
             contracted=lambda shapes: prod(shapes[1][:3]),
+        ),
+        # (OneHot depth dtype ids): ids[...] -> [..., depth], 1 where the index matches; captured from jax.nn.one_hot
+        OpSpec(
+            "OneHot",
+            ("i64", "String"),
+            1,
+            "elementwise",
+            _one_hot,
+            ("(rule ((= e (OneHot k0 k1 a)) (= sa (shape a))) ((set (shape e) (vec-push sa k0))))",),
+            dtype_rule="(rule ((= e (OneHot k0 k1 a))) ((set (dtype e) k1)))",
+        ),
+        # (Take table ids): table rows by index, zeros out of range; rules/kernels.egg puts it beside one_hot @ table
+        OpSpec(
+            "Take",
+            (),
+            2,
+            "gather",
+            _take_rows,
+            (
+                "(rule ((= e (Take a b)) (= sa (shape a)) (= sb (shape b)) (>= (vec-length sa) 1))"
+                " ((set (shape e) (vec-append sb (vec-remove sa 0)))))",
+            ),
         ),
         # broadcast_in_dim: (Bcast target_shape dims a)
         OpSpec(

@@ -605,6 +605,21 @@ def _gen_depthwise(draw: DrawFn, prog: Program) -> int:
     return prog.apply(label, conv, x, prog.pick(draw, lambda s: s == kernel, kernel))
 
 
+def _gen_one_hot(draw: DrawFn, prog: Program, table: bool) -> int:
+    """one_hot of integer ids (from a float input, negative and out-of-range ones included), times a table or not:
+    the embedding pattern that kernel selection turns into a gather."""
+    depth = draw(st.integers(1, 6))
+    x = prog.fresh(_dims(draw, draw(st.integers(1, 2))))
+
+    def one_hot(v: Any) -> Any:
+        return jax.nn.one_hot(jnp.floor(v * depth).astype(jnp.int32), depth, dtype=v.dtype)
+
+    if not table:
+        return prog.apply(f"one_hot{depth}", one_hot, x)
+    rows = prog.fresh((depth, draw(st.integers(1, 5))))
+    return prog.apply(f"one_hot{depth}_dot", lambda v, t: one_hot(v) @ t, x, rows)
+
+
 def _gen_sibling_convs(draw: DrawFn, prog: Program) -> int:
     """Two convs of one input with one window, kept apart or concatenated on channels: conv-merge patterns."""
     x = _conv_input(draw, prog, 1)
@@ -786,6 +801,8 @@ GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     "Bcast": _gen_bcast,
     "Conv": _gen_conv,
     "ShiftConv": _gen_depthwise,
+    "OneHot": lambda draw, prog: _gen_one_hot(draw, prog, table=False),
+    "Take": lambda draw, prog: _gen_one_hot(draw, prog, table=True),
     "sibling-convs": _gen_sibling_convs,
     "Op": _gen_opaque,
     **{f"Transpose{'-' + inner if inner else ''}": _transpose(inner) for inner in _TRANSPOSE_INNER},

@@ -153,6 +153,9 @@ def node_cost(
         seconds += _epilogue_passes(op, attrs, profile) * out_bytes / profile.bandwidth_for(out_bytes)
         overhead = profile.launch_overhead if profile.contraction_overhead is None else profile.contraction_overhead
         return Cost(seconds + overhead, flops, moved, 1)
+    if cost_class == "gather":  # reads the rows it returns and the indices, writes them: the table stays put
+        moved = 2 * out_bytes + (value_bytes(in_shapes[-1], dtype) if in_shapes else 0)
+        return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
     # opaque primitives: one pass over their data, one kernel
     moved = in_bytes + out_bytes
     return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)

@@ -43,7 +43,7 @@ def versions() -> str:
 
 def measurable(op: str) -> bool:
     """Contraction-class ops (GEMMs, convs and their alternatives): the kernels whose speed the roofline misses."""
-    return op in OPS and OPS[op].cost_class == "contraction"
+    return op in OPS and OPS[op].cost_class in ("contraction", "gather")
 
 
 @dataclass
@@ -128,6 +128,7 @@ class Wanted:
     attrs: tuple
     in_shapes: tuple[Shape, ...]
     dtype: str
+    in_dtypes: tuple[str, ...]
 
 
 def _call_overhead() -> float:
@@ -147,9 +148,14 @@ def measure_one(wanted: Wanted) -> float | None:
     spec = OPS[wanted.op]
     rng = np.random.default_rng(0)
     with jax.ensure_compile_time_eval():  # planning may run inside the caller's jax.jit trace: run, do not trace
-        args = tuple(jax.numpy.asarray(rng.standard_normal(s).astype(wanted.dtype)) for s in wanted.in_shapes)
+        args = tuple(
+            jax.numpy.asarray(
+                rng.integers(0, 2, s).astype(d) if np.issubdtype(d, np.integer) else rng.standard_normal(s).astype(d)
+            )
+            for s, d in zip(wanted.in_shapes, wanted.in_dtypes, strict=True)
+        )
         fn = jax.jit(lambda *xs: spec.lower(wanted.attrs, *xs))
-        seconds = median_time(fn, args, 0.0, 5, 0.002)
+        seconds = median_time(fn, args, 0.0, 3, 0.002)  # kernel choices differ by integer factors: 3 runs tell
         overhead = _call_overhead()
         return seconds - overhead if seconds > 3 * overhead else None
 
@@ -195,7 +201,8 @@ def wanted_nodes(snapshot: Snapshot) -> list[Wanted]:
             continue
         by_class.setdefault(node.eclass, set()).add(node.op)
         key = node_key(node.op, tuple(node.attrs), list(in_shapes), dtype)
-        items.append((node.eclass, Wanted(key, node.op, tuple(node.attrs), in_shapes, dtype)))
+        in_dtypes = tuple(snapshot.dtype.get(c) or dtype for c in node.children)
+        items.append((node.eclass, Wanted(key, node.op, tuple(node.attrs), in_shapes, dtype, in_dtypes)))
     return [w for eclass, w in items if len(by_class[eclass]) > 1]
 
 
