@@ -24,7 +24,7 @@ from eqsat.capture import capture
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from eqsat.ops import OPS
-from eqsat.rules import RuleSource, collect, real_rules, rule_names, rules_in
+from eqsat.rules import RuleSource, collect, keeping, real_rules, rule_names
 from eqsat.saturate import ENode, Limits, Snapshot, saturate
 
 Shape = tuple[int, ...]
@@ -872,25 +872,11 @@ class Report:
         return "\n".join(lines)
 
 
-def _keeping(sources: list[RuleSource], keep: Callable[[list[str]], bool]) -> list[RuleSource]:
-    """The sources with only the rules whose names `keep` accepts: the others blanked out in place, so that
-    declarations, `; @real` marks and every line and column stay where the file has them."""
-    out = []
-    for src in sources:
-        raw = bytearray(src.text.encode())
-        for rule in rules_in(src):
-            if not keep(list(rule.names)):
-                span = slice(rule.start, rule.stop)
-                raw[span] = bytes(b if b == ord("\n") else ord(" ") for b in raw[span])
-        out.append(RuleSource(src.name, src.origin, raw.decode()))
-    return out
-
-
 @functools.lru_cache(maxsize=8)
 def _float_sound(sources: tuple[RuleSource, ...]) -> tuple[RuleSource, ...] | None:
     """The sources without the rules marked real, or None when none is marked (computed once per rule set)."""
     real = real_rules(list(sources))
-    return tuple(_keeping(list(sources), lambda names: not set(names) & real)) if real else None
+    return tuple(keeping(list(sources), lambda names: not set(names) & real)) if real else None
 
 
 def check_rules(
@@ -944,7 +930,7 @@ def _reproducing(
     """The rules among `fired` that make the program disagree on their own."""
     culprits = []
     for rule in fired:
-        alone = _keeping(sources, lambda names, rule=rule: rule in names)
+        alone = keeping(sources, lambda names, rule=rule: rule in names)
         try:
             if check_program(prog, alone, seed, limits)[0]:
                 culprits.append(rule)
