@@ -1,10 +1,12 @@
 """User rules are data: bounded by the limits, checked by validation, blamed by name when wrong."""
 
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import eqsat
 from eqsat.capture import capture
@@ -33,3 +35,47 @@ def test_a_user_rule_that_never_saturates_returns_within_the_limit():
     start = time.perf_counter()
     np.testing.assert_allclose(fast(jnp.ones(4)), np.exp(1.0) * 2.0, rtol=1e-6)
     assert time.perf_counter() - start < 4.0  # the limit, extraction and two compilations
+
+
+def _chain_and_exp(a, v, s):
+    return jnp.concatenate([(a @ a) @ v * 1000.0, jnp.exp(s)], 0)
+
+
+def _chain_args():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((256, 256)) / 16  # big enough that re-associating pays; (a @ a) @ v of order 10
+    return jnp.asarray(a, jnp.float32), jnp.ones(256), jnp.full((4,), -6.0)
+
+
+def test_a_wrong_element_beside_large_ones_is_caught():
+    # exp(-6) = 0.0025 computed as -6 next to values of 1e4: far below the output's scale, far from its own value
+    fast = eqsat.optimize(_chain_and_exp, rules="(rewrite (Exp x) x)")
+    args = _chain_args()
+    with pytest.warns(eqsat.EqsatWarning, match=r"result 0: 4 of 260 elements differ, e\.g\. -6 instead of 0\.00247"):
+        out = fast(*args)
+    np.testing.assert_allclose(out, _chain_and_exp(*args), rtol=1e-5)
+
+
+def test_tolerance_is_per_element_with_a_small_share_of_the_scale():
+    from eqsat.api import _mismatch
+
+    want = np.array([1e4, 3.0, 1e-3], np.float32)
+    assert _mismatch([want], [want * np.float32(1 + 1e-3)]) is None  # within rtol of each element
+    assert _mismatch([want], [want + np.float32(0.05)]) is None  # within 1e-5 of the scale: a rounding of 1e4
+    for values in (want, np.array([1.0, 3.0, 1e-3], np.float32)):  # 3x off: caught above 1e-4 of the scale
+        for k in range(3) if values[0] == 1.0 else (0, 1):
+            wrong = values.copy()
+            wrong[k] *= 3
+            assert _mismatch([values], [wrong]) is not None
+    assert _mismatch([want], [want + np.float32(0.5)]) is not None  # 5e-5 of the scale: more than rounding
+
+
+def test_inf_and_nan_outputs_compare_without_numpy_warnings():
+    from eqsat.api import _mismatch
+
+    want = np.array([np.inf, -np.inf, np.nan, 1.0], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _mismatch([want], [want.copy()]) is None
+        assert _mismatch([want], [np.array([np.inf, -np.inf, np.nan, 4.0], np.float32)]) is not None
+        assert _mismatch([want], [np.array([1.0, 2.0, 3.0, 1.0], np.float32)]) is None  # overflow removed
