@@ -21,6 +21,7 @@ from backends.memory import MEMORY_OPTIMIZED, MemoryReport, figure_of, fit_budge
 from eqsat import progress
 from eqsat import rules as rule_sources
 from eqsat.capture import capture
+from eqsat.egraph_check import check_egraph
 from eqsat.errors import CaptureError
 from eqsat.ir import Graph, Opaque
 from eqsat.measure import median_time
@@ -75,6 +76,7 @@ class _Entry:
     original: Callable[..., list[Any]]  # the original, jitted, as the reference and the fallback
     out_tree: Any
     validated: bool
+    params: frozenset[str] = frozenset()  # the graph's weight inputs the plan was extracted for
 
 
 class Optimized:
@@ -308,7 +310,7 @@ class Optimized:
         if self._nothing_to_gain(plan) or plan.fallback:  # run the original program exactly as jax.jit would
             return _Entry(plan, original, original, out_tree, validated=True)
         optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
-        return _Entry(plan, optimized, original, out_tree, validated=not self.validate)
+        return _Entry(plan, optimized, original, out_tree, validated=not self.validate, params=params)
 
     def _nothing_to_gain(self, plan: Plan) -> bool:
         """The original program, node for node, or one that differs only in what XLA does itself or nearly as
@@ -403,19 +405,71 @@ class Optimized:
         if any(isinstance(x, jax.core.Tracer) for x in flat):
             flat = [_example_like(x, i) for i, x in enumerate(flat)]
         progress.begin("validate", "validate: compile and compare with the original")
-        problem = _mismatch(entry.original(*flat), entry.call(*flat))
+        expected, got = entry.original(*flat), entry.call(*flat)
         entry.validated = True
-        if problem:
-            suspects = entry.plan.rules_involved() or sorted(entry.plan.rules_fired)
-            entry.plan.fallback = f"optimized result differed from the original ({problem}); rules involved: {suspects}"
-            warnings.warn(
-                f"eqsat: the optimized {getattr(self.fun, '__name__', 'function')} differed from the original "
-                f"({problem}); running the original instead. Rules involved: {suspects}.",
-                EqsatWarning,
-                stacklevel=3,
-            )
-            entry.call = entry.original
-        return bool(problem)
+        wrong = next(((k, p) for k, p in enumerate(map(_differs, range(len(got)), expected, got)) if p), None)
+        if wrong is None:
+            return False
+        k, problem = wrong
+        progress.begin("validate", "validate: finding the rules the mismatch depends on")
+        entry.plan.blamed, exact = self._blame(entry, flat, k, expected[k])
+        where = rule_sources.rule_locations(self.rules)
+        suspects = ", ".join(f"{name} ({where[name]})" if name in where else name for name in entry.plan.blamed)
+        suspects = (suspects or "none found") + ("" if exact else " (narrowing stopped by its time budget)")
+        entry.plan.fallback = f"optimized result differed from the original ({problem}); rules involved: {suspects}"
+        warnings.warn(
+            f"eqsat: the optimized {getattr(self.fun, '__name__', 'function')} differed from the original "
+            f"({problem}); running the original instead. Rules involved: {suspects}.",
+            EqsatWarning,
+            stacklevel=3,
+        )
+        entry.call = entry.original
+        return True
+
+    def _blame(self, entry: _Entry, flat: list[Any], k: int, want: Any) -> tuple[list[str], bool]:
+        """The fired rules result k's mismatch depends on, and whether the search finished within its budget
+        (Limits.blame_seconds; else a superset).
+
+        First a 1-minimal set of rules that reproduces the mismatch, re-planning from the original graph with
+        subsets of the fired rules: each rule alone, the user's first (one unsound rule is the usual case), then
+        each rule dropped in turn where the mismatch stays without it. Some rules in that set may only make the
+        wrong plan pay (a re-association that makes dropping an op worthwhile): of them, those whose e-graph,
+        saturated with the rule alone, has an e-node disagreeing with its e-class on these arguments are the
+        ones named, where there are any."""
+        graph, fired = entry.plan.graph, list(entry.plan.rules_fired)
+        deadline = time.perf_counter() + self.limits.blame_seconds
+        builtin = set(rule_sources.builtin_groups())
+        order = {name: src.name in builtin for src in self.rules for name in rule_sources.rule_names(src)}
+        fired.sort(key=lambda name: (order.get(name, True), name))
+
+        def saturated(names: list[str]) -> Any:
+            keep = set(names)
+            return saturate(graph, rule_sources.keeping(self.rules, lambda rule: bool(keep & set(rule))), self.limits)
+
+        def reproduces(names: list[str]) -> bool:
+            try:
+                plan = self._extract(graph, saturated(names), entry.params)
+                return not self._nothing_to_gain(plan) and _differs(k, want, jax.jit(lower(plan))(*flat)[k]) is not None
+            except Exception:  # a subset may fail in its own way (a shape conflict): not this mismatch
+                return False
+
+        def unsound(name: str) -> bool:
+            try:
+                return bool(check_egraph(graph, saturated([name]), flat, real=True))
+            except Exception:
+                return False
+
+        suspects = next(([name] for name in fired if time.perf_counter() < deadline and reproduces([name])), None)
+        if suspects is None:
+            suspects = list(fired)
+            for name in fired:
+                if time.perf_counter() >= deadline:
+                    return suspects, False
+                rest = [r for r in suspects if r != name]
+                if rest and reproduces(rest):
+                    suspects = rest
+        wrong = [name for name in suspects if time.perf_counter() < deadline and unsound(name)]
+        return wrong or suspects, time.perf_counter() < deadline
 
 
 def optimize(

@@ -27,6 +27,7 @@ class Limits:
     nodes: int = 50_000
     seconds: float = 10.0
     extract_seconds: float = 0.5  # the ILP's (and the sharing pass's) budget when extractor="auto" or "ilp"
+    blame_seconds: float = 20.0  # after a failed validation, the search for the rules the mismatch depends on
 
 
 @dataclass

@@ -79,3 +79,22 @@ def test_inf_and_nan_outputs_compare_without_numpy_warnings():
         assert _mismatch([want], [want.copy()]) is None
         assert _mismatch([want], [np.array([np.inf, -np.inf, np.nan, 4.0], np.float32)]) is not None
         assert _mismatch([want], [np.array([1.0, 2.0, 3.0, 1.0], np.float32)]) is None  # overflow removed
+
+
+def test_the_unsound_user_rule_is_named_with_file_and_line(tmp_path):
+    # dot-assoc-left/right fire too, and rewrite the same output: only the rule that makes it wrong is named
+    path = tmp_path / "mine.egg"
+    path.write_text('; my rules\n(rewrite (Tanh x) (Tanh x) :name "harmless")\n(rewrite (Exp x) x :name "exp-id")\n')
+    fast = eqsat.optimize(lambda a, v: jnp.exp((a @ a) @ v), rules=[path])
+    a, v, _ = _chain_args()
+    with pytest.warns(eqsat.EqsatWarning, match=r"Rules involved: exp-id \(.*mine\.egg:3\)\.$"):
+        fast(a, v)
+    plan = fast.plan(a, v)
+    assert {"dot-assoc-left", "dot-assoc-right", "exp-id"} <= set(plan.rules_fired)
+    assert plan.rules_involved() == ["exp-id"] and "mine.egg:3" in plan.fallback
+
+
+def test_a_rule_string_without_a_name_is_named_by_its_text():
+    fast = eqsat.optimize(_chain_and_exp, rules="(rewrite (Exp x) x)")
+    with pytest.warns(eqsat.EqsatWarning, match=r"Rules involved: \(rewrite \(Exp x\) x\) \(<rules string 1>:1\)"):
+        fast(*_chain_args())
