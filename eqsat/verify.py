@@ -24,7 +24,8 @@ from eqsat.capture import capture
 from eqsat.egraph_check import Disagreement, check_egraph
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
-from eqsat.rules import RuleSource, collect, keeping, real_rules, rule_names
+from eqsat.ops import OPS
+from eqsat.rules import RuleSource, builtin_groups, collect, keeping, real_rules, rule_names, rules_in
 from eqsat.saturate import Limits, Snapshot, saturate
 
 Shape = tuple[int, ...]
@@ -604,6 +605,64 @@ def programs(
     return prog
 
 
+# Shapes a rule's own pattern is tried at, every tensor variable one shape: square matrices let contractions,
+# transposes and elementwise ops of one pattern all type-check.
+_PATTERN_SHAPES: tuple[Shape, ...] = ((4,), (4, 4), (3, 4), (2, 4, 4), (2, 3, 3, 4))
+
+
+class _Unbuildable(Exception):
+    """A pattern the op table cannot build as a program: an attribute that is a variable, a non-op term."""
+
+
+def pattern_programs(command: Any, dtypes: Sequence[str] = ("float32", "float64")) -> list[Program]:
+    """Programs that compute a rule's left-hand side itself (every op term of a rewrite's left side, a birewrite's
+    two sides or a rule's query), its variables fresh inputs of one shape, for each shape that type-checks:
+    what `rules check` runs for a rule no generator reaches, so that it is verified all the same."""
+    if hasattr(command, "rewrite"):
+        sides = [command.rewrite.lhs] + ([command.rewrite.rhs] if type(command).__name__ == "BiRewriteCommand" else [])
+        queries = [[side] for side in sides]
+    else:
+        facts = command.rule.body
+        queries = [[e for f in facts for e in ((f.left, f.right) if hasattr(f, "left") else (f.expr,))]]
+    out = []
+    for terms in queries:
+        terms = [t for t in terms if type(t).__name__ == "Call" and t.name in OPS and t.name != "Var"]
+        for shape in _PATTERN_SHAPES if terms else ():
+            for dtype in dtypes:
+                prog, env = Program(dtype), {}
+                try:
+                    for term in terms:
+                        _build(prog, env, term, shape)
+                except Exception:  # _Unbuildable, or ops that do not type-check at this shape
+                    continue
+                out.append(prog)
+    return out
+
+
+def _build(prog: Program, env: dict[str, int], expr: Any, shape: Shape) -> int:
+    kind = type(expr).__name__
+    if kind == "Var":
+        if expr.name not in env:
+            env[expr.name] = prog.fresh(shape)
+        return env[expr.name]
+    if kind != "Call" or expr.name not in OPS or expr.name == "Var":
+        raise _Unbuildable(expr)
+    spec = OPS[expr.name]
+    attrs = tuple(_attribute(a) for a in expr.args[: len(spec.attrs)])
+    inputs = [_build(prog, env, a, shape) for a in expr.args[len(spec.attrs) :]]
+    return prog.apply(f"{expr.name}{list(attrs) if attrs else ''}", lambda *xs: spec.lower(attrs, *xs), *inputs)
+
+
+def _attribute(expr: Any) -> Any:
+    """A literal attribute of a pattern: an integer, a string, or a (vec-of ...) of integers."""
+    kind = type(expr).__name__
+    if kind == "Lit":
+        return expr.value.value
+    if kind == "Call" and expr.name in ("vec-of", "vec-empty"):
+        return tuple(_attribute(a) for a in expr.args)
+    raise _Unbuildable(expr)
+
+
 def check_program(
     prog: Program, sources: list[RuleSource], seed: int = 0, limits: Limits = VERIFY_LIMITS
 ) -> tuple[list[Disagreement], Snapshot, Graph]:
@@ -717,6 +776,13 @@ def check_rules(
     # each generator entry leads its share of the programs, so every op and rule pattern is exercised
     for lead in sorted(GENERATORS):
         run_settings(given(programs(max_steps=max_steps, lead=lead), st.integers(0, 2**31 - 1))(run))()
+    # the user's rules, and any rule no generator reached, also run on programs built from their own patterns
+    builtin = set(builtin_groups())
+    for src in sources:
+        for rule in rules_in(src):
+            if src.name not in builtin or not any(stats[name].fired for name in rule.names):
+                for seed, prog in enumerate(pattern_programs(rule.command)):
+                    run(prog, seed)
     return Report(list(stats.values()), found, errors, count, time.perf_counter() - start)
 
 
@@ -747,5 +813,8 @@ def run_check(files: Sequence[str], examples: int = 100) -> int:
         print(f"\nsaturation failed: {error}")
     silent = [r.name for r in report.rules if not r.fired]
     if silent:
-        print(f"\nnever fired on {report.programs} programs (its left-hand side needs a generator): {silent}")
+        print(
+            f"\nnever fired on {report.programs} programs (neither a generator nor its own pattern, built from the "
+            f"op table, produced its left-hand side): {silent}"
+        )
     return 0 if report.ok else 1

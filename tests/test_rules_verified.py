@@ -73,3 +73,23 @@ def test_builtin_rules_all_fire_and_agree(capsys):
     # every built-in rule fires on the generated programs and no e-class disagrees (about 90 s: each op and shape
     # compiles once; the programs are derandomized, so the run is the same every time)
     assert main(["rules", "check", "--examples", "400"]) == 0, capsys.readouterr().out
+
+
+def test_rules_no_generator_reaches_are_checked_on_their_own_pattern():
+    from eqsat.rules import rules_in
+    from eqsat.verify import pattern_programs
+
+    for text, sound in [
+        ("(rewrite (Neg (Neg x)) (Neg x))", False),
+        ("(rewrite (Sqrt (Mul x x)) x)", False),
+        ("(rewrite (Neg (Neg x)) x)", True),
+        ("(rule ((= e (Add (Dot x w1) (Dot x w2))) (= (shape w1) (shape w2))) ((union e (Dot x (Add w1 w2)))))", True),
+    ]:
+        src = RuleSource("mine", "<test>", text)
+        (rule,) = rules_in(src)
+        progs = pattern_programs(rule.command)
+        assert progs and {p.dtype for p in progs} == {"float32", "float64"}
+        found = [check_program(prog, [src])[0] for prog in progs[:2]]
+        assert all(found) if not sound else not any(found), text
+    (rule,) = rules_in(RuleSource("mine", "<test>", "(rewrite (Transpose p (Transpose q x)) x)"))
+    assert pattern_programs(rule.command) == []  # a variable attribute: no program to build
