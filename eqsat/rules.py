@@ -1,9 +1,11 @@
 """Rule sources: the built-in groups under rules/ and the user's files or strings, checked at load."""
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import egglog.bindings as egg
 
@@ -41,6 +43,7 @@ def collect(extra: list[str | Path] | str | Path | None = None, disabled: tuple[
     loaded = {str(Path(src.origin).resolve()) for src in sources}
     for i, item in enumerate(extra):
         src = _user_source(item, i)
+        check_commands(src)
         if src.origin.startswith("<") or str(Path(src.origin).resolve()) not in loaded:
             sources.append(src)  # a built-in group named by its file is loaded once, even where a target disabled it
     check_syntax(sources)
@@ -72,6 +75,8 @@ class Rule:
     real: bool
     start: int
     stop: int
+    line: int = 0
+    command: Any = field(default=None, compare=False, repr=False)  # egglog's parsed command (patterns for verify)
 
 
 def rules_in(src: RuleSource) -> list[Rule]:
@@ -87,9 +92,108 @@ def rules_in(src: RuleSource) -> list[Rule]:
             names = (f"{name}=>", f"{name}<=") if type(command).__name__ == "BiRewriteCommand" else (name,)
         else:
             names = (inner.name or str(command),)
-        above = raw[: inner.span.i].decode().rstrip().rsplit("\n", 1)[-1].strip()
-        out.append(Rule(names, above.startswith(REAL_MARK), inner.span.i, inner.span.j))
+        before = raw[: inner.span.i].decode()
+        above = before.rstrip().rsplit("\n", 1)[-1].strip()
+        line = before.count("\n") + 1
+        out.append(Rule(names, above.startswith(REAL_MARK), inner.span.i, inner.span.j, line, command))
     return out
+
+
+def rule_locations(sources: list[RuleSource]) -> dict[str, str]:
+    """Each rule name -> 'FILE:LINE' where the rule stands, to name a rule in a message."""
+    return {name: f"{src.origin}:{rule.line}" for src in sources for rule in rules_in(src) for name in rule.names}
+
+
+def keeping(sources: list[RuleSource], keep: Callable[[list[str]], bool]) -> list[RuleSource]:
+    """The sources with only the rules whose names `keep` accepts: the others blanked out in place, so that
+    declarations, `; @real` marks and every line and column stay where the file has them."""
+    out = []
+    for src in sources:
+        raw = bytearray(src.text.encode())
+        for rule in rules_in(src):
+            if not keep(list(rule.names)):
+                span = slice(rule.start, rule.stop)
+                raw[span] = bytes(b if b == ord("\n") else ord(" ") for b in raw[span])
+        out.append(RuleSource(src.name, src.origin, raw.decode()))
+    return out
+
+
+ALLOWED = (
+    "a rule file holds only rule, rewrite and birewrite commands (with :name, :when, :subsume; the rewrites' "
+    "default ruleset) and ; comments"
+)
+_RULE_HEADS = ("rule", "rewrite", "birewrite")
+_RULE_COMMANDS = ("RewriteCommand", "BiRewriteCommand", "RuleCommand")
+_ANALYSIS_FACTS = ("shape", "dtype")  # derived by the op table's analysis ruleset alone
+_HEAD = re.compile(rb"\(\s*([^\s()]*)")
+
+
+def check_commands(src: RuleSource) -> None:
+    """Refuse, before egglog runs anything, every command of a user's rule source that is not a rule: includes,
+    input/output, push/pop, run, extract, print, set-option and declarations could read or write files, run
+    unbounded or change the prelude. Rules may not join a ruleset (the analysis is the op table's) nor set a
+    tensor's shape or dtype. Errors name file, line and column and say what is allowed."""
+    raw = src.text.encode()
+    for start, head in _top_level_forms(raw):  # before egglog parses: its parser reads (include ...) files
+        if head not in _RULE_HEADS:
+            raise RuleError(f"{_where(src, raw, start)}: ({head} ...) is not allowed: {ALLOWED}")
+    try:
+        commands = egg.EGraph().parse_program(src.text, filename=src.origin)
+    except egg.EggSmolError as error:
+        raise RuleError(located_message(error, src)) from None
+    for command in commands:
+        kind = type(command).__name__
+        inner = command.rewrite if hasattr(command, "rewrite") else command.rule
+        if kind not in _RULE_COMMANDS:  # the heads were checked; this guards against a desugaring surprise
+            raise RuleError(f"{_where(src, raw, inner.span.i)}: {kind} is not allowed: {ALLOWED}")
+        start = inner.span.i
+        ruleset = command.name if hasattr(command, "rewrite") else inner.ruleset
+        if ruleset:
+            raise RuleError(
+                f"{_where(src, raw, start)}: :ruleset {ruleset} is not allowed: user rules run with the rewrites, "
+                f"under the limits; the analysis ruleset is the op table's ({ALLOWED})"
+            )
+        for action in inner.head if kind == "RuleCommand" else ():
+            if type(action).__name__ == "Set" and action.lhs in _ANALYSIS_FACTS:
+                raise RuleError(
+                    f"{_where(src, raw, action.span.i)}: (set ({action.lhs} ...)) is not allowed: shapes and dtypes "
+                    f"are derived by the op table's analysis; a rule may guard on them, not set them ({ALLOWED})"
+                )
+
+
+def _top_level_forms(raw: bytes) -> list[tuple[int, str]]:
+    """(offset, head symbol) of each top-level form, skipping ; comments and strings; a stray atom at top level
+    is reported with head '' (egglog would refuse it too)."""
+    forms, depth, pos = [], 0, 0
+    while pos < len(raw):
+        c = raw[pos : pos + 1]
+        if c == b";":
+            end = raw.find(b"\n", pos)
+            pos = len(raw) if end < 0 else end
+        elif c == b'"':
+            pos += 1
+            while pos < len(raw) and raw[pos : pos + 1] != b'"':
+                pos += 2 if raw[pos : pos + 1] == b"\\" else 1
+        elif c == b"(":
+            if depth == 0:
+                head = _HEAD.match(raw, pos)
+                forms.append((pos, head.group(1).decode() if head else ""))
+            depth += 1
+        elif c == b")":
+            depth = max(depth - 1, 0)
+        elif depth == 0 and not c.isspace():
+            forms.append((pos, raw[pos:].split(None, 1)[0].decode(errors="replace")))
+            while pos < len(raw) and not raw[pos : pos + 1].isspace() and raw[pos : pos + 1] not in b'();"':
+                pos += 1
+            continue
+        pos += 1
+    return forms
+
+
+def _where(src: RuleSource, raw: bytes, offset: int) -> str:
+    """'FILE:LINE:COL' of a byte offset."""
+    line_start = raw.rfind(b"\n", 0, offset) + 1
+    return f"{src.origin}:{raw.count(b'\n', 0, offset) + 1}:{offset - line_start + 1}"
 
 
 def rule_names(src: RuleSource) -> list[str]:

@@ -1,7 +1,9 @@
 """Saturation: build the e-graph, run the rules under limits, and take a snapshot of the result.
 
 egglog has no node or time limit inside an iteration, so we run one rewrite step at a time (analyses
-saturated first, rewrites under a persistent back-off scheduler) and check the limits between steps.
+saturated first, one iteration at a time, rewrites under a persistent back-off scheduler) and check the limits
+between steps: no ruleset can hold saturation past Limits.seconds by more than one egglog step (and the final
+analysis of the last step's nodes, which gets a tenth of the limit).
 """
 
 import json
@@ -27,6 +29,7 @@ class Limits:
     extract_seconds: float = 0.5  # the ILP's (and the sharing pass's) budget when extractor="auto" or "ilp"
     # measuring kernels the timing cache lacks (extract/timing.py), per signature; 0 prices them by roofline alone
     measure_seconds: float = 10.0
+    blame_seconds: float = 20.0  # after a failed validation, the search for the rules the mismatch depends on
 
 
 @dataclass
@@ -58,17 +61,37 @@ class Snapshot:
         return len({n.eclass for n in self.nodes})
 
 
-_STEP = f"(run-schedule (seq (saturate (run {ANALYSIS})) (run-with eqsat_backoff)))"
-_ANALYSE = f"(run-schedule (saturate (run {ANALYSIS})))"
+_REWRITE = "(run-schedule (run-with eqsat_backoff))"
+_ANALYSE_ONCE = f"(run-schedule (run {ANALYSIS}))"
+
+
+def _analyse(egraph: egg.EGraph, deadline: float, nodes: int) -> str | None:
+    """Saturate the analysis one egglog iteration at a time, checking the limits between them (the size every 16
+    iterations: printing it costs more than a quick iteration), so that a rule of the analysis that never
+    saturates cannot hold saturation past them. Returns the limit that stopped it, or None once saturated."""
+    step = egraph.parse_program(_ANALYSE_ONCE)
+    k = 0
+    while egraph.run_program(*step)[0].report.updated:
+        k += 1
+        if time.perf_counter() >= deadline:
+            return "seconds"
+        if k % 16 == 0 and _size(egraph) >= nodes:
+            return "nodes"
+    return None
 
 
 def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
     start = time.perf_counter()
+    deadline = start + limits.seconds
     egraph, rule_commands = _build(graph, rules)
-    step = egraph.parse_program(_STEP)
+    step = egraph.parse_program(_REWRITE)
     stop_reason, iterations, matches = "iterations", 0, {}
     while iterations < limits.iterations:
         try:
+            stopped = _analyse(egraph, deadline, limits.nodes)
+            if stopped:
+                stop_reason = stopped
+                break
             report = egraph.run_program(*step)[0].report
         except egg.EggSmolError as error:
             raise _explain_conflict(error, graph, rules, rule_commands, iterations + 1) from None
@@ -87,11 +110,15 @@ def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
         if size >= limits.nodes:
             stop_reason = "nodes"
             break
-        if time.perf_counter() - start >= limits.seconds:
+        if time.perf_counter() >= deadline:
             stop_reason = "seconds"
             break
+    # The shapes of the last step's nodes (a node left without one is never extracted), given a tenth of the
+    # limit beyond it: the built-in analysis saturates in a few quick iterations.
     try:
-        egraph.run_program(*egraph.parse_program(_ANALYSE))
+        stopped = _analyse(egraph, max(deadline, time.perf_counter()) + 0.1 * limits.seconds, 2 * limits.nodes)
+        if stopped and stop_reason not in ("nodes", "seconds"):
+            stop_reason = stopped
     except egg.EggSmolError as error:
         raise _explain_conflict(error, graph, rules, rule_commands, iterations) from None
     snapshot = _snapshot(egraph)
@@ -127,9 +154,10 @@ def _explain_conflict(
         return error
     for src, command in commands:
         egraph, _ = _build(graph, [RuleSource(src.name, src.origin, str(command))])
-        step = egraph.parse_program(_STEP)
+        step = egraph.parse_program(_REWRITE)
         try:
             for _ in range(max(iterations, 1)):
+                _analyse(egraph, time.perf_counter() + 1.0, 10**9)
                 egraph.run_program(*step)
         except egg.EggSmolError:
             return ShapeConflictError(

@@ -45,6 +45,7 @@ class Plan:
     extraction: dict[str, Any] = field(default_factory=dict)  # method chosen, greedy / ILP costs, optimality
     memory: "MemoryReport | None" = field(default=None, repr=False, compare=False)  # Optimized.memory() fills it
     autotune: list[dict[str, Any]] = field(default_factory=list)  # candidates: label, predicted and measured s
+    blamed: list[str] | None = None  # after a failed validation: the rules the mismatching result depends on
 
     @property
     def predicted_speedup(self) -> float:
@@ -67,9 +68,9 @@ class Plan:
         )
 
     def rules_involved(self) -> list[str]:
-        """Fired rules whose name or text mentions an op the plan rewrote: the suspects when a plan is wrong."""
-        ops = set(self.rewritten_ops())
-        return sorted(rule for rule in self.rules_fired if any(op.lower() in rule.lower() for op in ops))
+        """The rules a mismatch depends on, where validation found one (re-planning with subsets of the fired
+        rules, see Optimized._blame); otherwise every rule that fired, the set the plan was extracted from."""
+        return list(self.blamed) if self.blamed is not None else sorted(self.rules_fired)
 
     def summary(self) -> str:
         lines = [

@@ -61,3 +61,38 @@ def test_shape_conflict_names_the_rule():
     fast = eqsat.optimize(lambda a, b: a @ b, rules=['(rewrite (Dot a b) a :name "collapse")'])
     with pytest.raises(eqsat.ShapeConflictError, match=r"<rules string 1>:1:\d+: \(rewrite \(Dot a b\) a"):
         fast(jnp.ones((2, 3)), jnp.ones((3, 4)))
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "what"),
+    [
+        ('(include "/etc/passwd")', "1:1", r"\(include ...\)"),
+        ('(relation R (i64)) (R 1) (output "eqsat-x.txt" (R 1))', "1:1", r"\(relation ...\)"),
+        ('; mine\n(rewrite (Exp x) x)\n  (input R "/etc/passwd")', "3:3", r"\(input ...\)"),
+        ("(rewrite (Exp x) x)\n(push)", "2:1", r"\(push ...\)"),
+        ("(run 1000000)", "1:1", r"\(run ...\)"),
+        ('(extract (Var "x"))', "1:1", r"\(extract ...\)"),
+        ("(set-option enable_proofs 1)", "1:1", r"\(set-option ...\)"),
+        ("(sort S)", "1:1", r"\(sort ...\)"),
+        ("(rule ((= e (Exp x))) ((union e (Exp (Neg (Neg x))))) :ruleset analysis)", "1:1", ":ruleset analysis"),
+        ("(rule ((= e (Exp x)) (= s (shape x)))\n  ((set (shape e) s)))", "2:4", r"\(set \(shape"),
+    ],
+)
+def test_rule_files_hold_rules_only(tmp_path, text, where, what):
+    # refused before egglog sees the text: nothing is read or written, the message names file:line:col
+    with pytest.raises(eqsat.RuleError, match=rf"<rules string 1>:{where}: {what}.* is not allowed") as info:
+        eqsat.optimize(lambda x: x, rules=text)
+    assert "root:" not in str(info.value) and "rule, rewrite and birewrite" in str(info.value)
+    path = tmp_path / "mine.egg"
+    path.write_text(text)
+    with pytest.raises(eqsat.RuleError, match=rf"mine\.egg:{where}: "):
+        eqsat.optimize(lambda x: x, rules=[path])
+    assert not (tmp_path / "eqsat-x.txt").exists()
+
+
+def test_rule_options_are_accepted():
+    eqsat.optimize(
+        lambda x: x,
+        rules='; ok\n(rewrite (Neg (Neg x)) x :name "nn" :when ((= (shape x) (shape x))) :subsume)\n'
+        '(birewrite (Tanh x) (Tanh x) :name "tt")\n(rule ((= e (Exp x))) ((union e (Exp x))) :name "ee")',
+    )

@@ -1,0 +1,223 @@
+"""Checking a saturated e-graph against concrete values: every e-node must compute its e-class's value.
+
+check_egraph evaluates the original program on concrete inputs, giving each original e-class a value, then
+evaluates every e-node whose children have values with its op's lowering and compares the result with its
+e-class's value. `rules check` (eqsat/verify.py) runs it over random programs; validation (eqsat/api.py) runs it
+on the caller's arguments to tell which rule made a wrong plan wrong.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from eqsat.ir import Graph
+from eqsat.ops import OPS
+from eqsat.saturate import ENode, Snapshot
+
+# Largest error allowed for rules marked `; @real`, relative to the largest magnitude a node combines (see
+# `tolerance`). Ints: exact.
+_RTOL = {"float64": 1e-10, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2, "complex64": 1e-4, "complex128": 1e-10}
+_ROUNDINGS = 8  # rounding errors allowed per element of the longest reduction, for rules sound in floating point
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    """An e-node whose value differs from its e-class's: the rewrite that put it there is unsound."""
+
+    eclass: str
+    op: str
+    attrs: tuple
+    children: tuple[str, ...]
+    error: float  # max abs difference (inf where NaN/inf positions differ)
+    allowed: float  # the tolerance it exceeded
+    rules: tuple[str, ...]  # rules that fired in this saturation (the snapshot cannot say which made the node)
+    class_nodes: tuple[str, ...] = ()  # every node of the e-class, as text, for the report
+    program: str = ""  # the generated program, filled in by check_rules
+    suspects: tuple[str, ...] = ()  # rules that reproduce it alone, filled in by check_rules
+
+    def describe(self) -> str:
+        lines = [
+            f"e-class {self.eclass}: {node_text(self.op, self.attrs, self.children)} differs from the class value "
+            f"by {self.error:.3g} (allowed {self.allowed:.3g})",
+            f"  rules fired: {', '.join(self.rules) or '-'}",
+        ]
+        if self.suspects:
+            lines.append(f"  reproduced by: {', '.join(self.suspects)}")
+        lines += [f"  node: {text}" for text in self.class_nodes]
+        if self.program:
+            lines += [f"  program: {line}" for line in self.program.splitlines()]
+        return "\n".join(lines)
+
+
+def node_text(op: str, attrs: tuple, children: tuple[str, ...]) -> str:
+    return f"({' '.join([op, *(repr(a) for a in attrs), *children])})"
+
+
+def tolerance(dtype: np.dtype, scale: float, real: bool, reduction: int = 1) -> float:
+    """The absolute error allowed for a value of this dtype whose computation involves magnitudes up to `scale`.
+
+    Rules sound in floating point (layout, concat/slice, merges, batching) compute each element with the same
+    operations; at most a contraction sums its terms in another order (a merged GEMM's kernel blocks differently),
+    so they get _ROUNDINGS roundings per element of the longest reduction in the program (8 * eps * scale for
+    programs without contractions, about 100x tighter than float32's real-number tolerance), capped at that
+    tolerance. The rules marked real (re-association, distributivity) change the
+    rounding of the whole chain a node re-associates: at most about K*eps*scale for a length-K sum,
+    ~sqrt(K)*eps*scale in practice; with chains of contractions of length <= 8^3 (dims 1-8) and float32's eps of
+    6e-8 that stays under 3e-5*scale, so 1e-4 (_RTOL) keeps margin, while an unsound rewrite (a swapped operand, a
+    dropped op) is off by a sizable fraction of the scale. Integers and booleans must agree exactly.
+    """
+    kind = np.dtype(dtype)
+    if not jnp.issubdtype(kind, jnp.inexact):  # jnp's: it knows bfloat16 is a float
+        return 0.0
+    real_tolerance = _RTOL.get(kind.name, 1e-4) * scale
+    if real:
+        return real_tolerance
+    return min(_ROUNDINGS * max(reduction, 1) * float(jnp.finfo(kind).eps) * scale, real_tolerance)
+
+
+def _difference(want: Any, got: Any, allowed: float) -> tuple[float, float] | None:
+    """(error, allowed) if `got` disagrees with `want`, else None; shapes and dtypes already match."""
+    w, g = np.asarray(want), np.asarray(got)
+    if allowed == 0.0:
+        return None if np.array_equal(w, g) else (float(np.max(np.abs(w.astype(float) - g.astype(float)))), 0.0)
+    wide = np.complex128 if np.iscomplexobj(w) else np.float64
+    w, g = w.astype(wide), g.astype(wide)
+    finite = np.isfinite(w) & np.isfinite(g)
+    if not np.array_equal(w[~finite], g[~finite], equal_nan=True) or not np.array_equal(np.isfinite(w), np.isfinite(g)):
+        return float("inf"), allowed
+    error = float(np.max(np.abs(w - g)[finite], initial=0.0))
+    return (error, allowed) if error > allowed else None
+
+
+def _magnitude(*values: Any) -> float:
+    """Largest finite |element| over the given arrays (non-arrays ignored)."""
+    scale = 0.0
+    for value in values:
+        if isinstance(value, jax.Array | np.ndarray) and value.size and np.issubdtype(value.dtype, np.number):
+            a = np.abs(np.asarray(value, dtype=np.complex128 if np.iscomplexobj(value) else np.float64))
+            scale = max(scale, float(np.max(a[np.isfinite(a)], initial=0.0)))
+    return scale
+
+
+def _apply(graph: Graph, env: dict[str, Any], op: str, attrs: tuple, args: list[Any]) -> Any:
+    """One node's value: the op table's lowering, or an opaque primitive re-bound, or a projection."""
+    if op == "Var":
+        return env[attrs[0]]
+    if op == "Op":
+        call = graph.opaque[attrs[0]]
+        return call.primitive.bind(*args, **call.params)
+    if op == "Get":
+        return args[0][attrs[0]]
+    return OPS[op].lower(attrs, *args)
+
+
+def _is_64bit(graph: Graph) -> bool:
+    return any(node.dtype is not None and node.dtype.endswith("64") for node in graph.nodes)
+
+
+def _environment(graph: Graph, inputs: Sequence[Any]) -> dict[str, Any]:
+    env = {graph.nodes[i].attrs[0]: x for i, x in zip(graph.inputs, inputs, strict=True)}
+    env.update(graph.consts)
+    return env
+
+
+def _evaluate(graph: Graph, env: dict[str, Any]) -> list[Any]:
+    values: list[Any] = []
+    for node in graph.nodes:
+        values.append(_apply(graph, env, node.op, node.attrs, [values[i] for i in node.inputs]))
+    return values
+
+
+def evaluate(graph: Graph, inputs: Sequence[Any]) -> list[Any]:
+    """The value of every node of the original program on these inputs."""
+    with jax.enable_x64(_is_64bit(graph)):
+        return _evaluate(graph, _environment(graph, [np.asarray(x) for x in inputs]))
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, jax.Array | np.ndarray)
+
+
+def _propagate(graph: Graph, snapshot: Snapshot, inputs: list[Any], checked: list[ENode]) -> tuple[dict, list]:
+    """Class values, and the values of the nodes to compare with them (the nodes appended to `checked`).
+
+    Original classes take the original program's values; a class first reached through a rewrite takes the
+    value of the first of its nodes evaluated. A node whose lowering raises or whose result's shape or dtype
+    differs from its class's is ill-typed: extraction never picks it, so it is not compared.
+    """
+    env = _environment(graph, inputs)
+    values: dict[str, Any] = {}
+    outs: list[Any] = []
+    for i, value in enumerate(_evaluate(graph, env)):
+        cls = snapshot.orig[i]
+        if cls in values and _is_array(value):  # duplicates that capture merged into one class must agree too
+            checked.append(next(n for n in snapshot.nodes if n.eclass == cls))
+            outs.append(value)
+        values.setdefault(cls, value)
+    pending = list(snapshot.nodes)
+    progress = True
+    while pending and progress:  # a pass per level of new classes; each node is evaluated once
+        progress, waiting = False, []
+        for node in pending:
+            if any(c not in values for c in node.children):
+                waiting.append(node)
+                continue
+            progress = True
+            args = [values[c] for c in node.children]
+            if node.op in ("TNil", "TCons"):
+                values.setdefault(node.eclass, () if node.op == "TNil" else (args[0], *args[1]))
+                continue
+            try:
+                out = _apply(graph, env, node.op, node.attrs, list(args[0]) if node.op == "Op" else args)
+            except Exception:  # the lowering rejects these operands: ill-typed, never extracted
+                continue
+            want = values.get(node.eclass)
+            if not _is_array(out):  # a multi-result opaque call: its results are compared through Get
+                values.setdefault(node.eclass, out)
+            elif want is None:
+                shape, dtype = snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass)
+                if (shape is None or tuple(out.shape) == shape) and (dtype is None or out.dtype.name == dtype):
+                    values[node.eclass] = out
+            elif _is_array(want) and out.shape == want.shape and out.dtype == want.dtype:
+                checked.append(node)
+                outs.append(out)
+        pending = waiting
+    return {cls: v for cls, v in values.items() if _is_array(v)}, outs
+
+
+def check_egraph(graph: Graph, snapshot: Snapshot, inputs: Sequence[Any], real: bool = True) -> list[Disagreement]:
+    """Every e-node that type-checks on the inputs' values and disagrees with its e-class's value, within the
+    tolerance of rules that hold for real numbers (`real`) or of rules sound in floating point.
+
+    Evaluation is eager, op by op: jax caches each op's compilation by shape, so repeated shapes across many
+    programs are cheap (one jit per e-graph measured slower: thousands of nodes compile every time).
+    """
+    checked: list[ENode] = []
+    with jax.enable_x64(_is_64bit(graph)):
+        values, outs = jax.device_get(_propagate(graph, snapshot, [np.asarray(x) for x in inputs], checked))
+    rules = tuple(sorted(rule for rule, count in snapshot.rule_matches.items() if count))
+    by_class: dict[str, list[str]] = {}
+    for node in snapshot.nodes:
+        by_class.setdefault(node.eclass, []).append(node_text(node.op, node.attrs, node.children))
+    reduction = max((_reduction(node, snapshot) for node in snapshot.nodes), default=1)
+    found = []
+    for node, out in zip(checked, outs, strict=True):
+        want = values[node.eclass]
+        scale = _magnitude(want, out, *(values.get(c) for c in node.children))
+        diff = _difference(want, out, tolerance(np.asarray(want).dtype, scale, real, reduction))
+        if diff:
+            texts = tuple(by_class[node.eclass])
+            found.append(Disagreement(node.eclass, node.op, node.attrs, node.children, *diff, rules, texts))
+    return found
+
+
+def _reduction(node: ENode, snapshot: Snapshot) -> int:
+    """The length of the sum that computes each element of a contraction node; 1 for other nodes."""
+    spec = OPS.get(node.op)
+    if spec is None or spec.contracted is None or any(c not in snapshot.shape for c in node.children):
+        return 1
+    return spec.contracted([snapshot.shape[c] for c in node.children])

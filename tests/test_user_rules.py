@@ -1,0 +1,100 @@
+"""User rules are data: bounded by the limits, checked by validation, blamed by name when wrong."""
+
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqsat
+from eqsat.capture import capture
+from eqsat.rules import RuleSource, collect
+from eqsat.saturate import saturate
+
+NEVER_SATURATES = "(rule ((= e (Exp x))) ((union e (Exp (Neg (Neg x))))){ruleset})"
+
+
+def test_an_analysis_that_never_saturates_stops_at_the_limits():
+    # only the op table can add to the analysis (a user's :ruleset is refused), but the analysis is bounded as the
+    # rewrites are: saturated one iteration at a time, the limits checked between iterations
+    graph = capture(jax.make_jaxpr(lambda x: jnp.exp(x) * 2.0)(jnp.ones(4)))
+    endless = RuleSource("endless", "<endless>", NEVER_SATURATES.format(ruleset=" :ruleset analysis"))
+    for limits, reason in [(eqsat.Limits(seconds=0.5, nodes=10**7), "seconds"), (eqsat.Limits(nodes=2000), "nodes")]:
+        start = time.perf_counter()
+        snapshot = saturate(graph, [*collect(), endless], limits)
+        assert snapshot.stop_reason == reason
+        assert time.perf_counter() - start < limits.seconds + 1.0
+
+
+def test_a_user_rule_that_never_saturates_returns_within_the_limit():
+    fast = eqsat.optimize(
+        lambda x: jnp.exp(x) * 2.0, rules=NEVER_SATURATES.format(ruleset=""), limits=eqsat.Limits(seconds=1.0)
+    )
+    start = time.perf_counter()
+    np.testing.assert_allclose(fast(jnp.ones(4)), np.exp(1.0) * 2.0, rtol=1e-6)
+    assert time.perf_counter() - start < 4.0  # the limit, extraction and two compilations
+
+
+def _chain_and_exp(a, v, s):
+    return jnp.concatenate([(a @ a) @ v * 1000.0, jnp.exp(s)], 0)
+
+
+def _chain_args():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((256, 256)) / 16  # big enough that re-associating pays; (a @ a) @ v of order 10
+    return jnp.asarray(a, jnp.float32), jnp.ones(256), jnp.full((4,), -6.0)
+
+
+def test_a_wrong_element_beside_large_ones_is_caught():
+    # exp(-6) = 0.0025 computed as -6 next to values of 1e4: far below the output's scale, far from its own value
+    fast = eqsat.optimize(_chain_and_exp, rules="(rewrite (Exp x) x)")
+    args = _chain_args()
+    with pytest.warns(eqsat.EqsatWarning, match=r"result 0: 4 of 260 elements differ, e\.g\. -6 instead of 0\.00247"):
+        out = fast(*args)
+    np.testing.assert_allclose(out, _chain_and_exp(*args), rtol=1e-5)
+
+
+def test_tolerance_is_per_element_with_a_small_share_of_the_scale():
+    from eqsat.api import _mismatch
+
+    want = np.array([1e4, 3.0, 1e-3], np.float32)
+    assert _mismatch([want], [want * np.float32(1 + 1e-3)]) is None  # within rtol of each element
+    assert _mismatch([want], [want + np.float32(0.05)]) is None  # within 1e-5 of the scale: a rounding of 1e4
+    for values in (want, np.array([1.0, 3.0, 1e-3], np.float32)):  # 3x off: caught above 1e-4 of the scale
+        for k in range(3) if values[0] == 1.0 else (0, 1):
+            wrong = values.copy()
+            wrong[k] *= 3
+            assert _mismatch([values], [wrong]) is not None
+    assert _mismatch([want], [want + np.float32(0.5)]) is not None  # 5e-5 of the scale: more than rounding
+
+
+def test_inf_and_nan_outputs_compare_without_numpy_warnings():
+    from eqsat.api import _mismatch
+
+    want = np.array([np.inf, -np.inf, np.nan, 1.0], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _mismatch([want], [want.copy()]) is None
+        assert _mismatch([want], [np.array([np.inf, -np.inf, np.nan, 4.0], np.float32)]) is not None
+        assert _mismatch([want], [np.array([1.0, 2.0, 3.0, 1.0], np.float32)]) is None  # overflow removed
+
+
+def test_the_unsound_user_rule_is_named_with_file_and_line(tmp_path):
+    # dot-assoc-left/right fire too, and rewrite the same output: only the rule that makes it wrong is named
+    path = tmp_path / "mine.egg"
+    path.write_text('; my rules\n(rewrite (Tanh x) (Tanh x) :name "harmless")\n(rewrite (Exp x) x :name "exp-id")\n')
+    fast = eqsat.optimize(lambda a, v: jnp.exp((a @ a) @ v), rules=[path])
+    a, v, _ = _chain_args()
+    with pytest.warns(eqsat.EqsatWarning, match=r"Rules involved: exp-id \(.*mine\.egg:3\)\.$"):
+        fast(a, v)
+    plan = fast.plan(a, v)
+    assert {"dot-assoc-left", "dot-assoc-right", "exp-id"} <= set(plan.rules_fired)
+    assert plan.rules_involved() == ["exp-id"] and "mine.egg:3" in plan.fallback
+
+
+def test_a_rule_string_without_a_name_is_named_by_its_text():
+    fast = eqsat.optimize(_chain_and_exp, rules="(rewrite (Exp x) x)")
+    with pytest.warns(eqsat.EqsatWarning, match=r"Rules involved: \(rewrite \(Exp x\) x\) \(<rules string 1>:1\)"):
+        fast(*_chain_args())
