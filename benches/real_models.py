@@ -43,8 +43,8 @@ def _workload(name: str, fn: Callable[[Any, jax.Array], Any], params: Any, x: ja
 # --- Keras 3 (JAX backend) ---------------------------------------------------------------------------
 
 
-def _keras_app(name: str, app: str, size: int = 224) -> Workload:
-    """A ``keras.applications`` model, random init, inference mode, batch 1."""
+def _keras_app(name: str, app: str, size: int = 224, batch: int = 1) -> Workload:
+    """A ``keras.applications`` model, random init, inference mode."""
     os.environ["KERAS_BACKEND"] = "jax"
     import keras
 
@@ -63,7 +63,9 @@ def _keras_app(name: str, app: str, size: int = 224) -> Workload:
         y, _ = model.stateless_call(trainable, non_trainable, x, training=False)
         return y
 
-    return _workload(name, fn, params, _normal((1, size, size, 3)), f"keras.applications.{app} {size}x{size}")
+    return _workload(
+        name, fn, params, _normal((batch, size, size, 3)), f"keras.applications.{app} {size}x{size}, batch {batch}"
+    )
 
 
 def keras_resnet50() -> Workload:

@@ -1,0 +1,130 @@
+"""Kernel selection (issue 12): models whose XLA:CPU kernels run far below their roofline, each called plainly as
+`eqsat.optimize(f)(params, x)` and timed against jax.jit in the same process, interleaved.
+
+    python -m benches.kernels                       # all cases (the keras ones need `pip install -e .[models]`)
+    python -m benches.kernels --only onehot,MobileNetV2 --markdown rows.md
+
+Per case: the ratio (jax.jit time / eqsat time) with its interquartile range; jax.jit's first call; eqsat's first
+call with an empty timing cache and again with the cache warm (a new `optimize` of the same function, as a later
+process would see it); how many kernels were measured; the largest difference from jax.jit's result, relative
+to its largest value.
+"""
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import eqsat
+from benches.models import nasnet_a
+from benches.real_models import _keras_app
+from benches.workload import Workload
+from eqsat.measure import compare
+
+KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "ConvNeXtTiny")
+BARS = {"MobileNetV2": 6, "EfficientNetB0": 4, "MobileNetV3Small": 3, "NASNetMobile": 3, "ConvNeXtTiny": 1.8,
+        "onehot": 100, "nasnet_a": 2}  # fmt: skip
+
+
+def _one_hot() -> Workload:
+    vocab, width = 32000, 512
+    rng = np.random.default_rng(0)
+    table = jnp.asarray(rng.standard_normal((vocab, width), np.float32))
+    ids = jnp.asarray(rng.integers(0, vocab, (4, 128)), jnp.int32)
+    return Workload("onehot", lambda table, ids: jax.nn.one_hot(ids, vocab) @ table, (table, ids), (), "")
+
+
+def workload(name: str) -> Workload:
+    if name == "onehot":
+        return _one_hot()
+    if name == "nasnet_a":
+        return nasnet_a.build("full")
+    return _keras_app(name, name, batch=2)
+
+
+def _first_call(fn: Callable[..., Any], args: tuple) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - start
+
+
+def measure(name: str, seconds: float) -> dict[str, Any]:
+    work = workload(name)
+    baseline = jax.jit(work.fn)
+    jit_first = _first_call(baseline, work.args)
+    fast = eqsat.optimize(work.fn)
+    cold = _first_call(fast, work.args)
+    warm = _first_call(eqsat.optimize(work.fn), work.args)
+    plan = fast.plan(*work.args)
+    diff = max(  # relative to the output's largest magnitude
+        float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(a)), 1e-30))
+        for a, b in zip(jax.tree.leaves(baseline(*work.args)), jax.tree.leaves(fast(*work.args)), strict=True)
+    )
+    timing = compare(baseline, fast, work.args, seconds)
+    return {
+        "case": name,
+        "ratio": timing.ratio,
+        "iqr": [timing.ratio_low, timing.ratio_high],
+        "jit_ms": timing.baseline_s * 1e3,
+        "eqsat_ms": timing.candidate_s * 1e3,
+        "jit_first_s": jit_first,
+        "eqsat_first_cold_s": cold,
+        "eqsat_first_warm_s": warm,
+        "measured_kernels": int(plan.stats.get("timing_measured", 0)),
+        "measure_s": plan.stats.get("measure_s", 0.0),
+        "rewritten": plan.rewritten_ops(),
+        "max_rel_diff": diff,
+        "fallback": plan.fallback,
+        "bar": BARS.get(name),
+    }
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| case | jax.jit | eqsat | ratio (IQR) | bar | first call: jax.jit / eqsat cold / warm | kernels measured |"
+        " max difference / max value |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['case']} | {r['jit_ms']:.1f} ms | {r['eqsat_ms']:.1f} ms | {r['ratio']:.2f}x "
+            f"({r['iqr'][0]:.2f}-{r['iqr'][1]:.2f}) | {r['bar']}x | {r['jit_first_s']:.1f} / "
+            f"{r['eqsat_first_cold_s']:.1f} / {r['eqsat_first_warm_s']:.1f} s | {r['measured_kernels']} in "
+            f"{r['measure_s']:.1f} s | {r['max_rel_diff']:.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benches.kernels", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated subset of onehot,nasnet_a," + ",".join(KERAS))
+    parser.add_argument("--seconds", type=float, default=6.0, help="interleaved timing budget per case")
+    parser.add_argument("--json", help="write the rows as JSON here")
+    parser.add_argument("--markdown", help="write the rows as a markdown table here")
+    args = parser.parse_args(argv)
+    # an empty timing cache, so the first call pays for measuring as a new user's would
+    os.environ.setdefault("EQSAT_CACHE_DIR", tempfile.mkdtemp(prefix="eqsat-bench-cache-"))
+    rows = []
+    for name in args.only.split(",") if args.only else ("onehot", "nasnet_a", *KERAS):
+        row = measure(name, args.seconds)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(rows, out, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as out:
+            out.write(markdown(rows) + "\n")
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
