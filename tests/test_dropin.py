@@ -152,6 +152,7 @@ def test_cond_under_disable_jit_in_float64():
 def test_tokens_pass_through():
     token, out = eqsat.optimize(lambda t, a, v: (t, chain(a, v)))(lax.create_token(), A, V)
     _close(out, chain(A, V))
+    assert isinstance(token, type(lax.create_token()))
 
 
 @pytest.mark.parametrize("dtype", [jnp.complex64, jnp.int32])
