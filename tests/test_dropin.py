@@ -308,3 +308,37 @@ def test_cli_zero_limits_mean_zero(flag, tmp_path, capsys):
     assert main([*argv, str(out), flag, "0"]) == 0
     plan = report.load_plan(out)
     assert not plan.rewritten_ops() and plan.stop_reason == flag[2:]
+
+
+WRONG = ['(rewrite (Tanh x) x :name "wrong")']  # unsound: validation must catch it wherever the first call is
+BIG = jnp.ones((512, 512)), jnp.full((512, 512), 2.0)
+
+
+@pytest.mark.parametrize(
+    "caller",
+    [
+        lambda f: jax.jit(f)(*BIG),
+        lambda f: jax.vmap(f, in_axes=(None, 0))(BIG[0], BIG[1][None])[0],
+        lambda f: f.lower(*BIG).compile()(*BIG),
+        lambda f: eqsat.optimize(f.__wrapped__, rules=WRONG, donate_argnums=1)(BIG[0], jnp.array(BIG[1])),
+    ],
+    ids=["jit", "vmap", "lower", "donated"],
+)
+def test_a_wrong_plan_is_caught_on_examples_and_the_original_runs(caller):
+    fast = eqsat.optimize(lambda a, b: jnp.tanh(a + b), rules=WRONG)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", eqsat.EqsatWarning)
+        _close(caller(fast), jnp.tanh(BIG[0] + BIG[1]))
+    assert any("wrong" in str(w.message) for w in caught)
+
+
+def test_the_function_is_not_kept_alive():
+    def local(a, v):
+        return chain(a, v)
+
+    fast = eqsat.optimize(local)
+    fast(A, V)
+    ref = weakref.ref(local)
+    del local, fast
+    gc.collect()
+    assert ref() is None
