@@ -8,6 +8,7 @@ import logging
 import time
 import types
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,19 @@ class _Entry:
     validated: bool
 
 
+# Plans are shared by every optimize() of one function with the same settings, as jax.jit shares its traces:
+# weakly keyed by the function, so that `jax.jit(f)(x)` written inside a loop or a gradient plans f once.
+_SHARED: "weakref.WeakKeyDictionary[Callable[..., Any], dict[tuple, tuple[dict, dict]]]" = weakref.WeakKeyDictionary()
+
+
+def _shared_plans(fun: Callable[..., Any], settings: tuple) -> tuple[dict, dict]:
+    """The plan caches of fun under these settings; fresh ones where fun cannot be weakly referenced."""
+    try:
+        return _SHARED.setdefault(fun, {}).setdefault(settings, ({}, {}))
+    except TypeError:  # not weakly referable or not hashable
+        return {}, {}
+
+
 class Optimized:
     """The callable optimize() returns: call it like the original (or like jax.jit(original): `.lower`, `.trace`,
     `.clear_cache`, jax.export); `.plan(*args)` shows what runs."""
@@ -123,9 +137,11 @@ class Optimized:
         self.limits = limits or Limits()
         self.extractor = extractor
         self.autotune = autotune
-        self._cache: dict[Any, _Entry] = {}
+        # (signature, prepared) -> entry; signature -> flat function, output tree, graph, e-graph, times
+        settings = (target, tuple((r.origin, r.text) for r in self.rules), self.static_argnums, self.static_argnames)
+        settings += (self.params_argnums, validate, self.limits, extractor, autotune, memory_budget)
+        self._cache, self._saturated = _shared_plans(fun, settings)
         self._unvalidated: list[_Entry] = []  # plans built since the last validation
-        self._saturated: dict[Any, tuple] = {}  # signature -> flat function, output tree, graph, e-graph, times
         # a budget asks XLA:CPU for its memory-optimized schedule (an option the other backends do not take)
         if memory_budget is not None and jax.default_backend() == "cpu":
             jit_options["compiler_options"] = {**MEMORY_OPTIMIZED, **(jit_options.get("compiler_options") or {})}
@@ -159,7 +175,8 @@ class Optimized:
         return self._checked(lambda run: run.lower(*args, **kwargs), args, kwargs)
 
     def clear_cache(self) -> None:
-        """Forget every plan and trace, as jax.jit's clear_cache does."""
+        """Forget every plan (of this function and settings, however often wrapped) and trace, as jax.jit's
+        clear_cache does."""
         self._cache.clear()
         self._saturated.clear()
         self._unvalidated.clear()
@@ -325,36 +342,36 @@ class Optimized:
         any transformation. An error in the user's function reaches the caller as it is; a failure of eqsat's own
         machinery after that warns and runs the original."""
         name = getattr(self.fun, "__name__", repr(self.fun))
-        if signature not in self._saturated:
-            flat_fun, out_tree = _flat_function(self.fun, signature)
-            t0 = time.perf_counter()
+        t0 = time.perf_counter()
+        if signature in self._saturated:
+            flat_fun, out_tree, *_ = self._saturated[signature]
+        else:
+            flat_fun, out_tree_of = _flat_function(self.fun, signature)
             progress.begin("capture", f"capture {name}")
             try:
                 closed = jax.make_jaxpr(flat_fun)(*signature.avals)
             except Exception as error:
                 error.add_note(f"(raised while eqsat.optimize traced {name})")
                 raise
-            if any(isinstance(c, jax.core.Tracer) for c in closed.consts):
+            out_tree = out_tree_of()
+            if any(isinstance(c, jax.core.Tracer) for c in closed.consts):  # the plan could not hold them
                 why = f"{name} closes over values traced by an outer transformation"
-                return self._original_entry(signature, flat_fun, out_tree(), why)
-            try:
+                return self._original_entry(signature, flat_fun, out_tree, why)
+        try:
+            if signature not in self._saturated:
                 graph = capture(closed)
                 self._optimize_bodies(graph)
                 t1 = time.perf_counter()
                 progress.begin("saturate", f"saturate {len(graph.nodes)} nodes", total=self.limits.iterations)
                 snapshot = saturate(graph, self.rules, self.limits)
-            except EqsatError:
-                raise
-            except Exception as error:  # eqsat's own failure: the original runs
-                return self._original_entry(signature, jax.jit(flat_fun), out_tree(), _failure(name, error))
-            self._saturated[signature] = (flat_fun, out_tree(), graph, snapshot, t1 - t0, time.perf_counter() - t1)
-        flat_fun, out_tree, graph, snapshot, capture_s, saturate_s = self._saturated[signature]
-        try:
-            return self._plan_entry(signature, prepared, flat_fun, out_tree, graph, snapshot, capture_s, saturate_s)
-        except EqsatError:
+                self._saturated[signature] = (flat_fun, out_tree, graph, snapshot, t1 - t0, time.perf_counter() - t1)
+            return self._plan_entry(signature, prepared, *self._saturated[signature])
+        except EqsatError:  # a bad rule or a shape conflict: the user's to fix
             raise
-        except Exception as error:
-            return self._original_entry(signature, jax.jit(flat_fun), out_tree, _failure(name, error))
+        except Exception as error:  # eqsat's own failure: the original runs
+            why = _failure(name, error)
+            warnings.warn(f"{why}; running the original instead", EqsatWarning, stacklevel=5)
+            return self._original_entry(signature, jax.jit(flat_fun), out_tree, why)
 
     def _plan_entry(
         self,
@@ -642,13 +659,17 @@ def _flat_function(
     (never an argument, which would keep it alive and, under a trace, leak it)."""
     static = {k: v for k, _, v in signature.statics}
     out_tree: dict[str, Any] = {}
+    try:  # the plans, shared and weakly keyed by fun, must not keep it alive
+        ref = weakref.ref(fun)
+    except TypeError:
+        ref = lambda: fun  # noqa: E731
 
     def flat_fun(*leaves: Any) -> list[Any]:
         args, kwargs = jax.tree_util.tree_unflatten(signature.tree, leaves)
         dynamic = iter(args)
         full = [static[i] if i in static else next(dynamic) for i in range(signature.n_args)]
         named = {k: v for k, v in static.items() if isinstance(k, str)}
-        results, out_tree["tree"] = jax.tree_util.tree_flatten(fun(*full, **kwargs, **named))
+        results, out_tree["tree"] = jax.tree_util.tree_flatten(ref()(*full, **kwargs, **named))
         return results
 
     return flat_fun, lambda: out_tree["tree"]

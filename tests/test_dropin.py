@@ -26,7 +26,9 @@ def chain(a, v):
 
 
 def _fast(**options):
-    return eqsat.optimize(chain, **options)
+    """A fresh function each time: plans are shared by the optimize() objects of one function, as jax.jit shares
+    traces, and each test here must plan anew."""
+    return eqsat.optimize(functools.wraps(chain)(lambda a, v: chain(a, v)), **options)
 
 
 def _close(got, want):
@@ -166,6 +168,21 @@ def test_complex_and_integer_programs_are_optimized_without_a_false_mismatch(dty
 def test_pure_callback():
     f = eqsat.optimize(lambda a: chain(jax.pure_callback(np.sin, jax.ShapeDtypeStruct(a.shape, a.dtype), a), V))
     _close(f(A), chain(jnp.sin(A), V))
+
+
+def test_rewrapping_a_function_plans_it_once(monkeypatch):
+    """jax.jit(f)(x) inside a loop or a gradient: the plan is found again, as jax.jit finds its trace."""
+    built = []
+    monkeypatch.setattr("eqsat.api.capture", lambda closed, real=eqsat.api.capture: built.append(1) or real(closed))
+
+    def f(a, v):
+        return chain(a, v)
+
+    for _ in range(3):
+        _close(eqsat.optimize(f)(A, V), chain(A, V))
+    assert len(built) == 1
+    eqsat.optimize(f, target="h100")(A, V)  # other settings, another plan
+    assert len(built) == 2
 
 
 def test_nested_optimize_keeps_its_own_state():
@@ -342,3 +359,14 @@ def test_the_function_is_not_kept_alive():
     del local, fast
     gc.collect()
     assert ref() is None
+
+
+def test_a_failure_of_eqsats_own_machinery_warns_and_runs_the_original(monkeypatch):
+    def broken(*_):
+        raise RuntimeError("saturation broke")
+
+    monkeypatch.setattr("eqsat.api.saturate", broken)
+    fast = _fast()
+    with pytest.warns(eqsat.EqsatWarning, match="could not plan chain.*saturation broke"):
+        _close(fast(A, V), chain(A, V))
+    assert "saturation broke" in fast.plan(A, V).fallback
