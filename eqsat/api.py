@@ -174,6 +174,10 @@ class Optimized:
         """jax.jit's lowering of the optimized program: `.as_text()`, `.compile()`, `.cost_analysis()`."""
         return self._checked(lambda run: run.lower(*args, **kwargs), args, kwargs)
 
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """jax.jit's eval_shape: the results' shapes and dtypes, as jax.ShapeDtypeStructs."""
+        return self._checked(lambda run: run.eval_shape(*args, **kwargs), args, kwargs)
+
     def clear_cache(self) -> None:
         """Forget every plan (of this function and settings, however often wrapped) and trace, as jax.jit's
         clear_cache does."""

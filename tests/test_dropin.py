@@ -217,6 +217,8 @@ def test_ahead_of_time_stages_are_jaxs_own():
     compiled = lowered.compile()
     _close(compiled(A, V), chain(A, V))
     assert compiled.cost_analysis() is not None
+    shape = fast.eval_shape(A, V)
+    assert (shape.shape, shape.dtype) == ((32, 4), jnp.float32)
 
 
 def test_clear_cache_forgets_plans():
