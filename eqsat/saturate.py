@@ -86,9 +86,7 @@ def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
     egraph, rule_commands = _build(graph, rules)
     step = egraph.parse_program(_REWRITE)
     stop_reason, iterations, matches = "iterations", 0, {}
-    if limits.seconds <= 0:  # no time at all means no step; a positive limit always allows the first
-        stop_reason = "seconds"
-    while stop_reason == "iterations" and iterations < limits.iterations:
+    while iterations < limits.iterations:
         try:
             stopped = _analyse(egraph, deadline, limits.nodes)
             if stopped:
