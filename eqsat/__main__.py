@@ -27,9 +27,15 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def compare_plans(args: argparse.Namespace) -> int:
-    from extract.report import compare, load_plan
+    from extract.report import PlanFormatError, compare, load_plan
 
-    compare(*[load_plan(path) for path in args.plans], labels=args.plans)
+    try:
+        plans = [load_plan(path) for path in args.plans]
+    except (OSError, PlanFormatError) as error:  # a missing or malformed file: one line, not a traceback
+        reason = f"{error.filename}: {error.strerror}" if isinstance(error, OSError) else str(error)
+        print(f"python -m eqsat compare: error: {reason}", file=sys.stderr)
+        return 2
+    compare(*plans, labels=args.plans)
     return 0
 
 

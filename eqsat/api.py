@@ -6,14 +6,18 @@ optimize(f) -> capture -> saturate -> extract -> lower -> validate, once per sig
 import functools
 import logging
 import time
+import types
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+from jax._src import api_util  # jax.jit's own argnums resolution
+from jax.core import ShapedArray
 from jax.extend import core as jcore
 
 from backends.lower import lower, weight_boundary
@@ -22,11 +26,11 @@ from eqsat import progress
 from eqsat import rules as rule_sources
 from eqsat.capture import capture
 from eqsat.egraph_check import check_egraph
-from eqsat.errors import CaptureError
+from eqsat.errors import EqsatError
 from eqsat.ir import Graph, Opaque
 from eqsat.measure import median_time
 from eqsat.saturate import Limits, saturate
-from extract.cost import load_profile
+from extract.cost import Cost, load_profile
 from extract.plan import Plan, build_plan
 from extract.timing import priced
 
@@ -48,30 +52,34 @@ _SCALE_SHARE = 5e-3
 
 
 class _Dispatch:
-    """jax.jit's fast path over a tracing body; reset() starts a fresh trace cache (after a fallback)."""
+    """jax.jit's fast path over a tracing body; reset() starts a fresh trace cache (after a fallback).
 
-    def __init__(
-        self,
-        body: Callable[..., Any],
-        static_argnums: tuple[int, ...] = (),
-        donate_argnums: tuple[int, ...] = (),
-        compiler_options: dict[str, Any] | None = None,
-    ) -> None:
-        self.body, self.static_argnums, self.donate_argnums = body, static_argnums, donate_argnums
-        self.compiler_options = compiler_options
+    The body carries fun's signature (functools.wraps), so jax.jit resolves static_argnames and donate_argnames
+    against the user's function exactly as it would for jax.jit(fun)."""
+
+    def __init__(self, body: Callable[..., Any], fun: Callable[..., Any], jit_options: dict[str, Any]) -> None:
+        self.body, self.fun, self.jit_options = body, fun, jit_options
+        self.donates = bool(jit_options.get("donate_argnums") or jit_options.get("donate_argnames"))
         self.reset()
 
     def reset(self) -> None:
-        self.run = jax.jit(
-            lambda *args: self.body(*args),
-            static_argnums=self.static_argnums,
-            donate_argnums=self.donate_argnums,
-            compiler_options=self.compiler_options,
-        )
+        body = functools.wraps(self.fun, updated=())(lambda *args, **kwargs: self.body(*args, **kwargs))
+        self.run = jax.jit(body, **self.jit_options)
+
+
+class _Signature(NamedTuple):
+    """What a plan is keyed by, as jax.jit keys its traces: the dynamic leaves' tree and abstract values, and the
+    static arguments by position or name, type and value (so 1, True and 1.0 get plans of their own)."""
+
+    n_args: int
+    tree: Any  # of (dynamic positional arguments, dynamic keyword arguments)
+    avals: tuple[Any, ...]
+    statics: tuple[tuple[int | str, type, Any], ...]
 
 
 @dataclass
 class _Entry:
+    signature: _Signature
     plan: Plan
     call: Callable[..., list[Any]]  # flat args -> flat results: the optimized program, or the original
     original: Callable[..., list[Any]]  # the original, jitted, as the reference and the fallback
@@ -80,8 +88,22 @@ class _Entry:
     params: frozenset[str] = frozenset()  # the graph's weight inputs the plan was extracted for
 
 
+# Plans are shared by every optimize() of one function with the same settings, as jax.jit shares its traces:
+# weakly keyed by the function, so that `jax.jit(f)(x)` written inside a loop or a gradient plans f once.
+_SHARED: "weakref.WeakKeyDictionary[Callable[..., Any], dict[tuple, tuple[dict, dict]]]" = weakref.WeakKeyDictionary()
+
+
+def _shared_plans(fun: Callable[..., Any], settings: tuple) -> tuple[dict, dict]:
+    """The plan caches of fun under these settings; fresh ones where fun cannot be weakly referenced."""
+    try:
+        return _SHARED.setdefault(fun, {}).setdefault(settings, ({}, {}))
+    except TypeError:  # not weakly referable or not hashable
+        return {}, {}
+
+
 class Optimized:
-    """The callable optimize() returns: call it like the original; `.plan(*args)` shows what runs."""
+    """The callable optimize() returns: call it like the original (or like jax.jit(original): `.lower`, `.trace`,
+    `.clear_cache`, jax.export); `.plan(*args)` shows what runs."""
 
     def __init__(
         self,
@@ -98,32 +120,78 @@ class Optimized:
         autotune: int,
         memory_budget: int | None,
         donate_argnums: tuple[int, ...],
+        jit_options: dict[str, Any],
     ) -> None:
         self.fun = fun
         self.memory_budget = memory_budget
         self.profile = load_profile(target)
         self.rules = rule_sources.collect(rules, (*disabled_rules, *self.profile.disabled_rules))
-        self.static_argnums = tuple(static_argnums)
-        self.params_argnums = tuple(params_argnums)
+        # jax.jit's own resolution: names for numbers and numbers for names, checked against the signature
+        donate_argnums, donate_argnames, static_argnums, static_argnames = api_util.resolve_argnums(
+            fun,
+            api_util.fun_signature(fun),
+            donate_argnums,
+            jit_options.pop("donate_argnames", None),
+            static_argnums,
+            jit_options.pop("static_argnames", None),
+        )
+        self.static_argnums, self.static_argnames = tuple(static_argnums), tuple(static_argnames)
+        self.params_argnums = _checked_argnums(fun, tuple(params_argnums), "params_argnums")
         if set(self.params_argnums) & set(self.static_argnums):
             raise ValueError(f"an argument cannot be both static and a parameter: {self.params_argnums}")
         self.validate = validate
         self.limits = limits or Limits()
-        if extractor not in ("greedy", "ilp", "auto"):
-            raise ValueError(f"extractor must be 'greedy', 'ilp' or 'auto', got {extractor!r}")
         self.extractor = extractor
         self.autotune = autotune
-        self._cache: dict[Any, _Entry] = {}
+        # (signature, prepared) -> entry; signature -> flat function, output tree, graph, e-graph, times
+        settings = (target, tuple((r.origin, r.text) for r in self.rules), self.static_argnums, self.static_argnames)
+        settings += (self.params_argnums, validate, self.limits, extractor, autotune, memory_budget)
+        self._cache, self._saturated = _shared_plans(fun, settings)
         self._unvalidated: list[_Entry] = []  # plans built since the last validation
-        self._saturated: dict[Any, tuple] = {}  # signature -> flat function, output tree, graph, e-graph, times
         # a budget asks XLA:CPU for its memory-optimized schedule (an option the other backends do not take)
-        options = MEMORY_OPTIMIZED if memory_budget is not None and jax.default_backend() == "cpu" else None
-        self._dispatch = _Dispatch(self._traced, self.static_argnums, tuple(donate_argnums), options)
+        if memory_budget is not None and jax.default_backend() == "cpu":
+            jit_options["compiler_options"] = {**MEMORY_OPTIMIZED, **(jit_options.get("compiler_options") or {})}
+        options = dict(
+            jit_options,
+            static_argnums=self.static_argnums,
+            static_argnames=self.static_argnames,
+            donate_argnums=tuple(donate_argnums),
+            donate_argnames=tuple(donate_argnames),
+        )
+        self._dispatch = _Dispatch(self._traced, fun, options)
         self._unbudgeted: list[_Entry] = []  # plans built since the last budget check
-        functools.update_wrapper(self, fun)
+        # name, doc and __wrapped__ only: copying fun.__dict__ would copy a wrapped Optimized's state over ours
+        functools.update_wrapper(self, fun, updated=())
 
-    def __call__(self, *args: Any) -> Any:
-        return self._checked(self._dispatch, args, args)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if jax.config.jax_disable_jit:  # as jax.jit does: the function runs op by op
+            return self.fun(*args, **kwargs)
+        return self._checked(lambda run: run(*args, **kwargs), args, kwargs)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        """A method decorator, as jax.jit is: the instance becomes the first argument."""
+        return self if obj is None else types.MethodType(self, obj)
+
+    def trace(self, *args: Any, **kwargs: Any) -> jax.stages.Traced:
+        """jax.jit's ahead-of-time trace of the optimized program (arguments may be jax.ShapeDtypeStructs)."""
+        return self._checked(lambda run: run.trace(*args, **kwargs), args, kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
+        """jax.jit's lowering of the optimized program: `.as_text()`, `.compile()`, `.cost_analysis()`."""
+        return self._checked(lambda run: run.lower(*args, **kwargs), args, kwargs)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """jax.jit's eval_shape: the results' shapes and dtypes, as jax.ShapeDtypeStructs."""
+        return self._checked(lambda run: run.eval_shape(*args, **kwargs), args, kwargs)
+
+    def clear_cache(self) -> None:
+        """Forget every plan (of this function and settings, however often wrapped) and trace, as jax.jit's
+        clear_cache does."""
+        self._cache.clear()
+        self._saturated.clear()
+        self._unvalidated.clear()
+        self._unbudgeted.clear()
+        self._dispatch.reset()
 
     def prepare(self, *params: Any) -> Callable[..., Any]:
         """A function of the remaining arguments, the parameters (params_argnums, in order) bound.
@@ -153,12 +221,12 @@ class Optimized:
         as the caller would; otherwise the plan runs with the prepared weights, the leaves put in order at trace
         time."""
         args = _merge_params(self.params_argnums, params, rest)
-        flat, key = self._flatten(args)
-        entry = self._entry(args, flat, key, prepared=True)
+        flat, signature = self._signature(args, {})
+        entry = self._entry(signature, prepared=True)
         if entry in self._unvalidated:
             self._unvalidated.remove(entry)
             self._validate(entry, flat)
-        names = self._param_names(args)
+        names = self._param_names(signature)
         is_param = [f"x{i}" in names for i in range(len(flat))]
 
         def ordered(params_flat: list[Any], rest_flat: list[Any]) -> list[Any]:
@@ -172,44 +240,46 @@ class Optimized:
         run = jax.jit(lambda p, r, w: body(*ordered(p, r), *w))
         return lambda _rest, leaves: jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, weights))
 
-    def _traced(self, *args: Any) -> Any:
-        """The body jax.jit traces: look up (or build) the plan for these shapes and inline it."""
-        flat, key = self._flatten(args)
-        entry = self._entry(args, flat, key)
+    def _traced(self, *args: Any, **kwargs: Any) -> Any:
+        """The body jax.jit traces: look up (or build) the plan for these abstract values and inline it."""
+        flat, signature = self._signature(args, kwargs)
+        entry = self._entry(signature)
+        if self._dispatch.donates and entry in self._unvalidated:  # the arguments are gone after the call
+            self._unvalidated.remove(entry)
+            self._validate(entry)
         return jax.tree_util.tree_unflatten(entry.out_tree, entry.call(*flat))
 
-    def _checked(self, dispatch: "_Dispatch", call_args: tuple, full_args: tuple) -> Any:
-        """Run through jax.jit's fast dispatch; plans built during that call are validated on these arguments
-        and, on a mismatch, the dispatch is rebuilt so that it traces the original program."""
-        try:
-            out = dispatch.run(*call_args)
-        except TypeError:
-            self._flatten(full_args)  # names a non-array argument clearly, if that is what failed
-            raise
-        if self._unbudgeted and dispatch is self._dispatch:
-            self._check_budget(call_args)
+    def _checked(self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any]) -> Any:
+        """stage(jax.jit object): a call, trace or lowering. Plans built meanwhile are validated (on these
+        arguments where they are concrete and of the plan's signature, else on examples of its shapes) and, on a
+        mismatch, the dispatch is rebuilt so that it traces the original program."""
+        out = stage(self._dispatch.run)
+        if self._unbudgeted:
+            self._check_budget(args, kwargs)
         if not self._unvalidated:
             return out
-        flat, _ = self._flatten(full_args)
         pending, self._unvalidated = self._unvalidated, []
-        if any([self._validate(entry, flat) for entry in pending]):
-            dispatch.reset()
-            out = dispatch.run(*call_args)
+        flat, signature = self._signature(args, kwargs)
+        concrete = all(isinstance(x, jax.Array | np.ndarray | np.generic | int | float | complex) for x in flat)
+        concrete = concrete and not any(isinstance(x, jax.core.Tracer) for x in flat)
+        if any([self._validate(e, flat if concrete and e.signature == signature else None) for e in pending]):
+            self._dispatch.reset()
+            out = stage(self._dispatch.run)
         return out
 
-    def _check_budget(self, call_args: tuple) -> None:
+    def _check_budget(self, args: tuple, kwargs: dict[str, Any]) -> None:
         """XLA's own figure for the program just compiled, recorded in its plan; a warning if over budget."""
         entries, self._unbudgeted = self._unbudgeted, []
-        figure = figure_of(self._dispatch.run.lower(*call_args).compile())
+        figure = figure_of(self._dispatch.run.lower(*args, **kwargs).compile())
         for entry in entries:
             entry.plan.memory = memory_report(entry.plan)
             entry.plan.memory.xla = figure
-            if self._dispatch.compiler_options:
+            if "compiler_options" in self._dispatch.jit_options:
                 entry.plan.memory.applied.append("XLA:CPU memory-optimized scheduler")
-            if self._dispatch.donate_argnums:
-                entry.plan.memory.applied.append(f"donated arguments {self._dispatch.donate_argnums}")
+            if self._dispatch.donates:
+                entry.plan.memory.applied.append(f"donated arguments {self._dispatch.jit_options['donate_argnums']}")
             if self.memory_budget is not None and figure["total"] > self.memory_budget:
-                if self._rematerialize(entry, call_args):
+                if not kwargs and self._rematerialize(entry, args):
                     continue
                 warnings.warn(
                     f"eqsat: {getattr(self.fun, '__name__', 'the function')} needs {figure['total']} bytes by "
@@ -235,84 +305,117 @@ class Optimized:
         self._dispatch.reset()
         return True
 
-    def plan(self, *args: Any, prepared: bool | None = None) -> Plan:
+    def plan(self, *args: Any, prepared: bool | None = None, **kwargs: Any) -> Plan:
         """The plan for arguments of these shapes and dtypes (built if needed).
 
         With parameters declared it is the plan `prepare` runs, unless prepared=False: then the plan a direct
         call runs, which prices weight-only work as the per-call work it is."""
-        flat, key = self._flatten(args)
-        return self._entry(args, flat, key, bool(self.params_argnums) if prepared is None else prepared).plan
+        _, signature = self._signature(args, kwargs)
+        return self._entry(signature, bool(self.params_argnums) if prepared is None else prepared).plan
 
-    def memory(self, *args: Any) -> MemoryReport:
+    def memory(self, *args: Any, **kwargs: Any) -> MemoryReport:
         """Memory of the plan for these arguments: liveness, best-fit arena, lower bound, a memory-aware order
         (our model) and XLA's own figure of the compiled program; also kept in the plan's summary."""
-        flat, key = self._flatten(args)
-        entry = self._entry(args, flat, key)
+        flat, signature = self._signature(args, kwargs)
+        entry = self._entry(signature)
         entry.plan.memory = memory_report(entry.plan, entry.call, flat)
         return entry.plan.memory
 
-    def _flatten(self, args: tuple) -> tuple[list[Any], Any]:
-        for i in self.static_argnums:
-            if not -len(args) <= i < len(args):
-                raise CaptureError(
-                    f"static_argnums={self.static_argnums} names argument {i}, but "
-                    f"{getattr(self.fun, '__name__', 'the function')} got {len(args)} arguments"
-                )
-        static = {i % len(args) for i in self.static_argnums}
-        dynamic = [a for i, a in enumerate(args) if i not in static]
+    def _signature(self, args: tuple, kwargs: dict[str, Any]) -> tuple[list[Any], _Signature]:
+        """The dynamic leaves and the signature they and the static arguments make; static_argnums beyond the
+        arguments passed are ignored, as jax.jit ignores them."""
+        n = len(args)
+        static = {i % n for i in self.static_argnums if -n <= i < n}
+        statics = tuple((i, type(args[i]), args[i]) for i in sorted(static))
+        statics += tuple((k, type(v), v) for k, v in sorted(kwargs.items()) if k in self.static_argnames)
+        dynamic = (
+            [a for i, a in enumerate(args) if i not in static],
+            {k: v for k, v in kwargs.items() if k not in self.static_argnames},
+        )
         flat, tree = jax.tree_util.tree_flatten(dynamic)
-        try:
-            avals = tuple((tuple(np.shape(x)), str(jax.numpy.result_type(x)), _weak(x)) for x in flat)
-        except TypeError as error:
-            raise CaptureError(f"eqsat.optimize: an argument is not an array or number: {error}") from None
-        key = (tree, avals, tuple((i, args[i]) for i in sorted(static)))
-        return flat, key
+        return flat, _Signature(n, tree, tuple(_abstract(x) for x in flat), statics)
 
-    def _entry(self, args: tuple, flat: list[Any], key: Any, prepared: bool = False) -> _Entry:
-        entry = self._cache.get((key, prepared))
+    def _entry(self, signature: _Signature, prepared: bool = False) -> _Entry:
+        entry = self._cache.get((signature, prepared))
         if entry is None:
-            entry = self._cache[key, prepared] = self._build(args, flat, key, prepared)
+            entry = self._cache[signature, prepared] = self._build(signature, prepared)
             if not entry.validated:
                 self._unvalidated.append(entry)
             if self.memory_budget is not None:
                 self._unbudgeted.append(entry)
         return entry
 
-    def _build(self, args: tuple, flat: list[Any], key: Any, prepared: bool) -> _Entry:
-        """Capture and saturate once per signature; extract and lower once per signature and mode."""
+    def _build(self, signature: _Signature, prepared: bool) -> _Entry:
+        """Capture and saturate once per signature; extract and lower once per signature and mode.
+
+        Capture traces the function on abstract values (never the caller's tracers), so a plan can be built under
+        any transformation. An error in the user's function reaches the caller as it is; a failure of eqsat's own
+        machinery after that warns and runs the original."""
         name = getattr(self.fun, "__name__", repr(self.fun))
         t0 = time.perf_counter()
-        if key not in self._saturated:
-            flat_fun, out_tree = _flat_function(self.fun, args, self.static_argnums)
+        if signature in self._saturated:
+            flat_fun, out_tree, *_ = self._saturated[signature]
+        else:
+            flat_fun, out_tree_of = _flat_function(self.fun, signature)
             progress.begin("capture", f"capture {name}")
             try:
-                closed = jax.make_jaxpr(flat_fun)(*flat)
+                closed = jax.make_jaxpr(flat_fun)(*signature.avals)
             except Exception as error:
-                raise CaptureError(
-                    f"eqsat.optimize could not trace {name}: {type(error).__name__}: {str(error).splitlines()[0]} "
-                    "eqsat accepts what jax.jit accepts: mark Python-valued arguments with static_argnums."
-                ) from error
-            graph = capture(closed)
-            self._optimize_bodies(graph)
-            t1 = time.perf_counter()
-            progress.begin("saturate", f"saturate {len(graph.nodes)} nodes", total=self.limits.iterations)
-            snapshot = saturate(graph, self.rules, self.limits)
-            self._saturated[key] = (flat_fun, out_tree(), graph, snapshot, t1 - t0, time.perf_counter() - t1)
-        flat_fun, out_tree, graph, snapshot, capture_s, saturate_s = self._saturated[key]
+                error.add_note(f"(raised while eqsat.optimize traced {name})")
+                raise
+            out_tree = out_tree_of()
+            if any(isinstance(c, jax.core.Tracer) for c in closed.consts):  # the plan could not hold them
+                why = f"{name} closes over values traced by an outer transformation"
+                return self._original_entry(signature, flat_fun, out_tree, why)
+        try:
+            if signature not in self._saturated:
+                graph = capture(closed)
+                self._optimize_bodies(graph)
+                t1 = time.perf_counter()
+                progress.begin("saturate", f"saturate {len(graph.nodes)} nodes", total=self.limits.iterations)
+                snapshot = saturate(graph, self.rules, self.limits)
+                self._saturated[signature] = (flat_fun, out_tree, graph, snapshot, t1 - t0, time.perf_counter() - t1)
+            return self._plan_entry(signature, prepared, *self._saturated[signature])
+        except EqsatError:  # a bad rule or a shape conflict: the user's to fix
+            raise
+        except Exception as error:  # eqsat's own failure: the original runs
+            why = _failure(name, error)
+            warnings.warn(f"{why}; running the original instead", EqsatWarning, stacklevel=5)
+            return self._original_entry(signature, jax.jit(flat_fun), out_tree, why)
+
+    def _plan_entry(
+        self,
+        signature: _Signature,
+        prepared: bool,
+        flat_fun: Callable[..., list[Any]],
+        out_tree: Any,
+        graph: Graph,
+        snapshot: Any,
+        capture_s: float,
+        saturate_s: float,
+    ) -> _Entry:
         t2 = time.perf_counter()
-        params = self._param_names(args) if prepared else frozenset()
+        params = self._param_names(signature) if prepared else frozenset()
         progress.begin("extract", f"extract ({self.extractor}{', weights prepared' if prepared else ''})")
         plan = self._extract(graph, snapshot, params)
         extract_s = time.perf_counter() - t2 - plan.stats.get("measure_s", 0.0)  # measuring is reported apart
         plan.stats.update(capture_s=capture_s, saturate_s=saturate_s, extract_s=extract_s)
-        log.info("eqsat: %s\n%s", name, plan.summary())
+        log.info("eqsat: %s\n%s", getattr(self.fun, "__name__", "function"), plan.summary())
         original = jax.jit(flat_fun)
         if self.autotune and not self._nothing_to_gain(plan):
-            plan = self._autotune(plan, graph, snapshot, params, flat, original)
+            with jax.ensure_compile_time_eval():  # measured on examples, even while a caller's trace is active
+                examples = _examples(signature)
+                plan = self._autotune(plan, graph, snapshot, params, examples, original)
         if self._nothing_to_gain(plan) or plan.fallback:  # run the original program exactly as jax.jit would
-            return _Entry(plan, original, original, out_tree, validated=True)
+            return _Entry(signature, plan, original, original, out_tree, validated=True)
         optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
-        return _Entry(plan, optimized, original, out_tree, validated=not self.validate, params=params)
+        return _Entry(signature, plan, optimized, original, out_tree, validated=not self.validate, params=params)
+
+    def _original_entry(self, signature: _Signature, call: Callable[..., Any], out_tree: Any, why: str) -> _Entry:
+        """An entry that runs the original, with a plan of no nodes that says why."""
+        log.info("eqsat: %s; the original runs", why)
+        plan = Plan(self.profile.name, [], [], [], Cost(), Cost(), "not planned", fallback=why)
+        return _Entry(signature, plan, call, call, out_tree, validated=True)
 
     def _nothing_to_gain(self, plan: Plan) -> bool:
         """The original program, node for node, or one that differs only in what XLA does itself or nearly as
@@ -347,7 +450,7 @@ class Optimized:
             plan = self._extract(graph, snapshot, params, forbid=ban)
             candidates.setdefault(_shape_of(plan), (f"without new {'/'.join(sorted(ban))}", plan))
         ranked = sorted(candidates.values(), key=lambda c: c[1].predicted.seconds)[: self.autotune]
-        concrete = [_example_like(x, i) if isinstance(x, jax.core.Tracer) else x for i, x in enumerate(flat)]
+        concrete = flat
         rows = [("original (jax.jit)", None, best.original.seconds, median_time(original, concrete, 0.3))]
         for label, plan in ranked:
             body, weights = _with_weights(plan, concrete)
@@ -389,35 +492,32 @@ class Optimized:
         same_type = [_type(v) for v in new.jaxpr.outvars] == [_type(v) for v in inner.outvars]
         return new if same_type and not new.consts and not inner.constvars else body
 
-    def _param_names(self, args: tuple) -> frozenset[str]:
+    def _param_names(self, signature: _Signature) -> frozenset[str]:
         """The graph's Var names of the flat leaves that belong to parameter arguments."""
-        static = {i % len(args) for i in self.static_argnums}
-        params = {i % len(args) for i in self.params_argnums}
-        names, k = set(), 0
-        for i, arg in enumerate(args):
-            if i in static:
-                continue
-            n = len(jax.tree_util.tree_leaves(arg))
-            if i in params:
-                names.update(f"x{j}" for j in range(k, k + n))
-            k += n
-        return frozenset(names)
+        indexed, _ = jax.tree_util.tree_unflatten(signature.tree, range(len(signature.avals)))
+        static = {k for k, _, _ in signature.statics if isinstance(k, int)}
+        positions = [i for i in range(signature.n_args) if i not in static]
+        params = {i % signature.n_args for i in self.params_argnums} if signature.n_args else set()
+        leaves = (jax.tree_util.tree_leaves(sub) for pos, sub in zip(positions, indexed, strict=True) if pos in params)
+        return frozenset(f"x{j}" for sub in leaves for j in sub)
 
-    def _validate(self, entry: _Entry, flat: list[Any]) -> bool:
-        """Compare with the original on these arguments (or random ones while tracing); fall back on mismatch.
+    def _validate(self, entry: _Entry, flat: list[Any] | None = None) -> bool:
+        """Compare with the original on these arguments (without them: examples of the signature's shapes, as
+        while tracing or before donation); fall back on mismatch.
 
         Returns whether it fell back."""
-        if any(isinstance(x, jax.core.Tracer) for x in flat):
-            flat = [_example_like(x, i) for i, x in enumerate(flat)]
         progress.begin("validate", "validate: compile and compare with the original")
-        expected, got = entry.original(*flat), entry.call(*flat)
+        with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
+            flat = _examples(entry.signature) if flat is None else flat
+            expected, got = (_comparable(f(*flat)) for f in (entry.original, entry.call))
         entry.validated = True
         wrong = next(((k, p) for k, p in enumerate(map(_differs, range(len(got)), expected, got)) if p), None)
         if wrong is None:
             return False
         k, problem = wrong
         progress.begin("validate", "validate: finding the rules the mismatch depends on")
-        entry.plan.blamed, exact = self._blame(entry, flat, k, expected[k])
+        with jax.ensure_compile_time_eval():
+            entry.plan.blamed, exact = self._blame(entry, flat, k, expected[k])
         where = rule_sources.rule_locations(self.rules)
         suspects = ", ".join(f"{name} ({where[name]})" if name in where else name for name in entry.plan.blamed)
         suspects = (suspects or "none found") + ("" if exact else " (narrowing stopped by its time budget)")
@@ -454,7 +554,8 @@ class Optimized:
         def reproduces(names: list[str]) -> bool:
             try:
                 plan = self._extract(graph, saturated(names), entry.params)
-                return not self._nothing_to_gain(plan) and _differs(k, want, jax.jit(lower(plan))(*flat)[k]) is not None
+                have = _comparable(jax.jit(lower(plan))(*flat))[k]
+                return not self._nothing_to_gain(plan) and _differs(k, want, have) is not None
             except Exception:  # a subset may fail in its own way (a shape conflict): not this mismatch
                 return False
 
@@ -483,49 +584,100 @@ def optimize(
     target: str = "cpu",
     rules: Sequence[str | Path] | str | Path | None = None,
     disabled_rules: Sequence[str] = (),
-    static_argnums: int | Sequence[int] = (),
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Sequence[str] | None = None,
     params_argnums: int | Sequence[int] = (),
     validate: bool = True,
     limits: Limits | None = None,
     extractor: str = "auto",
     autotune: int = 0,
     memory_budget: int | None = None,
-    donate_argnums: int | Sequence[int] = (),
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Sequence[str] | None = None,
+    **jit_options: Any,
 ) -> Any:
     """Optimize a JAX function by equality saturation; use as `optimize(f, ...)` or `@optimize(...)`.
 
     target: a device profile ("cpu", "a100", "h100", "h200", "tpu-v5e"); the plan runs wherever JAX runs.
     rules: extra rule files (paths) or egglog text; disabled_rules: built-in groups to switch off by name.
-    static_argnums: as in jax.jit. params_argnums: arguments that are weights, fixed across calls; work on
-    them alone (concatenating, folding) is then priced as free, and `fast.prepare(params)` does it once.
+    static_argnums, static_argnames, donate_argnums, donate_argnames: as in jax.jit, and so are the other
+    jax.jit options (in_shardings, out_shardings, keep_unused, compiler_options, ...), passed through.
+    params_argnums: arguments that are weights, fixed across calls; work on them alone (concatenating,
+    folding) is then priced as free, and `fast.prepare(params)` does it once.
     validate: compare with the original on the first call of each signature and fall back to it, with a
     warning, on a mismatch. limits: bounds on saturation (eqsat.Limits). extractor: "greedy" (greedy DAG),
     "ilp" (exact, HiGHS) or "auto" (both within a time budget, the cheaper kept). autotune: compile and measure
     this many of the best distinct candidate plans (and the original) on this device and keep the fastest.
     memory_budget: bytes; memory becomes a term of the extraction cost, XLA:CPU's memory-optimized scheduler is
     used, XLA's figure goes into plan.memory; a gradient still over budget runs its loss as rematerialized
-    segments, anything else warns. donate_argnums: as in jax.jit.
+    segments, anything else warns.
     """
     settings = dict(
         target=target,
-        rules=rules,
-        disabled_rules=tuple(disabled_rules),
-        static_argnums=_as_tuple(static_argnums),
-        params_argnums=_as_tuple(params_argnums),
+        rules=_checked_rules(rules),
+        disabled_rules=_names(disabled_rules, "disabled_rules", "rule group names such as ('algebra', 'fold')"),
+        static_argnums=static_argnums,
+        static_argnames=static_argnames,
+        params_argnums=_as_tuple(params_argnums, "params_argnums"),
         validate=validate,
-        limits=limits,
+        limits=_checked_option(limits, Limits, "limits", "eqsat.Limits(iterations=..., nodes=..., seconds=...)"),
         extractor=extractor,
         autotune=autotune,
         memory_budget=memory_budget,
-        donate_argnums=_as_tuple(donate_argnums),
+        donate_argnums=donate_argnums,
+        donate_argnames=donate_argnames,
+        **jit_options,
     )
+    if extractor not in ("greedy", "ilp", "auto"):
+        raise ValueError(f"extractor must be 'greedy', 'ilp' or 'auto', got {extractor!r}")
+    if not isinstance(autotune, int) or isinstance(autotune, bool) or autotune < 0:
+        raise ValueError(f"autotune takes a number of candidate plans to measure (an int >= 0), got {autotune!r}")
     if fun is None:
         return functools.partial(optimize, **settings)
     if not callable(fun):
         raise TypeError(
             f"eqsat.optimize expects a callable (a function of JAX arrays), got {type(fun).__name__}: {fun!r:.80}"
         )
-    return Optimized(fun, **settings)
+    jit = {k: settings.pop(k) for k in ("static_argnames", "donate_argnames", *jit_options)}
+    return Optimized(fun, **settings, jit_options=jit)
+
+
+def _checked_rules(rules: Any) -> Any:
+    """rules= as given, once it is of a kind collect() reads: a path, egglog text, or a sequence of them."""
+    items = [rules] if isinstance(rules, str | Path) else rules
+    if rules is not None and not (isinstance(items, Sequence) and all(isinstance(r, str | Path) for r in items)):
+        raise TypeError(
+            f"rules takes rule file paths or egglog text (a str, a Path, or a list of them), got {rules!r:.80}"
+        )
+    if any(isinstance(r, str) and not r.strip() for r in items or ()):
+        raise ValueError(
+            "rules has an empty string; it takes rule file paths or egglog text such as '(rewrite (Add a b) (Add b a))'"
+        )
+    return rules
+
+
+def _names(value: Any, option: str, expected: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{option} takes a sequence of {expected}, got {value!r:.80}")
+    return tuple(value)
+
+
+def _checked_option(value: Any, kind: type, option: str, expected: str) -> Any:
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(f"{option} takes {expected}, got {type(value).__name__}: {value!r:.80}")
+    return value
+
+
+def _checked_argnums(fun: Callable[..., Any], argnums: tuple[int, ...], option: str) -> tuple[int, ...]:
+    """Argument numbers checked against fun's positional parameters, as jax.jit checks static_argnums."""
+    signature = api_util.fun_signature(fun)
+    if signature is None or any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values()):
+        return argnums
+    n = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in signature.parameters.values())
+    bad = [i for i in argnums if not -n <= i < n]
+    if bad:
+        raise ValueError(f"{option}={argnums} names argument(s) {bad}, but the function takes {n} positional")
+    return argnums
 
 
 def _with_weights(plan: Plan, flat: list[Any]) -> tuple[Callable[..., list[Any]], list[Any]]:
@@ -546,8 +698,11 @@ def _type(var: Any) -> tuple:
     return (getattr(var.aval, "shape", None), getattr(var.aval, "dtype", None))
 
 
-def _as_tuple(argnums: int | Sequence[int]) -> tuple[int, ...]:
-    return (argnums,) if isinstance(argnums, int) else tuple(argnums)
+def _as_tuple(argnums: int | Sequence[int], option: str = "argnums") -> tuple[int, ...]:
+    argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    if not all(isinstance(i, int) for i in argnums):
+        raise TypeError(f"{option} takes an int or a sequence of ints, got {argnums!r:.80}")
+    return argnums
 
 
 def _aval_key(x: Any) -> tuple:
@@ -566,17 +721,23 @@ def _merge_params(positions: tuple[int, ...], params: tuple, rest: tuple) -> tup
 
 
 def _flat_function(
-    fun: Callable[..., Any], args: tuple, static_argnums: tuple[int, ...]
+    fun: Callable[..., Any], signature: _Signature
 ) -> tuple[Callable[..., list[Any]], Callable[[], Any]]:
-    """fun as a function of the flat dynamic leaves (static arguments closed over), and its output tree."""
-    static = {i % len(args) for i in static_argnums} if args else set()
-    dynamic_tree = jax.tree_util.tree_structure([a for i, a in enumerate(args) if i not in static])
+    """fun as a function of the flat dynamic leaves, and its output tree. Only the static values are closed over
+    (never an argument, which would keep it alive and, under a trace, leak it)."""
+    static = {k: v for k, _, v in signature.statics}
     out_tree: dict[str, Any] = {}
+    try:  # the plans, shared and weakly keyed by fun, must not keep it alive
+        ref = weakref.ref(fun)
+    except TypeError:
+        ref = lambda: fun  # noqa: E731
 
     def flat_fun(*leaves: Any) -> list[Any]:
-        dynamic = iter(jax.tree_util.tree_unflatten(dynamic_tree, leaves))
-        full = [args[i] if i in static else next(dynamic) for i in range(len(args))]
-        results, out_tree["tree"] = jax.tree_util.tree_flatten(fun(*full))
+        args, kwargs = jax.tree_util.tree_unflatten(signature.tree, leaves)
+        dynamic = iter(args)
+        full = [static[i] if i in static else next(dynamic) for i in range(signature.n_args)]
+        named = {k: v for k, v in static.items() if isinstance(k, str)}
+        results, out_tree["tree"] = jax.tree_util.tree_flatten(ref()(*full, **kwargs, **named))
         return results
 
     return flat_fun, lambda: out_tree["tree"]
@@ -591,15 +752,49 @@ def _with_original_derivatives(
     return wrapped
 
 
-def _weak(x: Any) -> bool:
-    return bool(getattr(getattr(x, "aval", x), "weak_type", False)) or isinstance(x, int | float | complex)
+def _abstract(x: Any) -> Any:
+    """The abstract value jax.jit keys a leaf by (shape, dtype, weak type; a token's own type), without the
+    sharding or varying-axes annotations a trace may add."""
+    aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+    if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
+        return aval
+    return ShapedArray(tuple(aval.shape), aval.dtype, weak_type=bool(getattr(aval, "weak_type", False)))
 
 
-def _example_like(x: Any, seed: int) -> np.ndarray:
-    dtype = np.dtype(x.dtype)
+def _examples(signature: _Signature) -> list[Any]:
+    return [_example_like(aval, i) for i, aval in enumerate(signature.avals)]
+
+
+def _example_like(aval: Any, seed: int) -> Any:
+    """A concrete value of this abstract value: random normals for floats, zeros for integers and booleans
+    (safe as indices), a fixed key for typed keys, a fresh token for tokens."""
+    if not isinstance(aval, ShapedArray):
+        return jax.lax.create_token()
+    dtype = aval.dtype
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        impl = dtype._impl  # a key dtype has no public accessor for its implementation
+        return jax.random.wrap_key_data(np.zeros((*aval.shape, *impl.key_shape), np.uint32), impl=impl)
     if np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.complexfloating):
-        return np.random.default_rng(seed).standard_normal(x.shape).astype(dtype)
-    return np.zeros(x.shape, dtype)
+        return np.random.default_rng(seed).standard_normal(aval.shape).astype(dtype)
+    return np.zeros(aval.shape, dtype)
+
+
+def _comparable(values: list[Any]) -> list[np.ndarray]:
+    """Results as arrays _mismatch compares: a key as its data, a complex array as its real and imaginary
+    parts (a float array, so that it gets its float tolerance), a token as nothing."""
+    out = []
+    for value in values:
+        if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+            value = jax.random.key_data(value)
+        elif not hasattr(value, "dtype"):  # a token
+            value = np.zeros(0)
+        value = np.asarray(value)
+        out.append(np.stack([value.real, value.imag]) if np.iscomplexobj(value) else value)
+    return out
+
+
+def _failure(name: str, error: Exception) -> str:
+    return f"eqsat could not plan {name} ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
 
 
 def _mismatch(expected: list[Any], got: list[Any]) -> str | None:

@@ -48,14 +48,20 @@ def _capture_jaxpr(graph: Graph, jaxpr: jcore.Jaxpr, consts: list[int], args: li
 
 
 def _capture_eqn(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> list[int]:
-    out = eqn.outvars[0]
-    modeled = _model(graph, eqn, inputs)
+    modeled = _model(graph, eqn, inputs) if eqn.outvars else None
     if modeled is not None:
         op, attrs, args = modeled
+        out = eqn.outvars[0]
         return [graph.add(Node(op, tuple(args), attrs, _shape(out), _dtype(out)))]
     graph.opaque.append(Opaque(eqn.primitive, dict(eqn.params), eqn.primitive.multiple_results))
     index = len(graph.opaque) - 1
+    if not eqn.outvars:  # an effect alone (debug.print, dce_sink): the call itself is what must stay
+        call = graph.add(Node("Op", tuple(inputs), (index,)))
+        if eqn.effects:
+            graph.effects.append(call)
+        return []
     if not eqn.primitive.multiple_results:
+        out = eqn.outvars[0]
         node = graph.add(Node("Op", tuple(inputs), (index,), _shape(out), _dtype(out)))
         results = [node]
     else:

@@ -175,9 +175,10 @@ def _optimize(args: argparse.Namespace) -> int:
         raise UsageError(f"--params-argnums {list(params_argnums)}: {work.name} takes {len(work.args)} arguments")
     defaults = eqsat.Limits()
     limits = eqsat.Limits(
-        iterations=args.iterations or defaults.iterations,
-        nodes=args.nodes or defaults.nodes,
-        seconds=args.seconds or defaults.seconds,
+        # 0 means 0 (no saturation at all), not the default
+        iterations=defaults.iterations if args.iterations is None else args.iterations,
+        nodes=defaults.nodes if args.nodes is None else args.nodes,
+        seconds=defaults.seconds if args.seconds is None else args.seconds,
     )
     with progress.live_progress(None if args.progress else False):
         fast = eqsat.optimize(

@@ -14,4 +14,5 @@ class ShapeConflictError(EqsatError):
 
 
 class CaptureError(EqsatError):
-    """The function could not be traced or its arguments are not arrays."""
+    """Kept for code that catches it; eqsat no longer raises it: an error while tracing the function reaches the
+    caller with jax's own type (TypeError for a non-array argument, as jax.jit raises), with a note."""

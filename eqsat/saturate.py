@@ -86,7 +86,9 @@ def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
     egraph, rule_commands = _build(graph, rules)
     step = egraph.parse_program(_REWRITE)
     stop_reason, iterations, matches = "iterations", 0, {}
-    while iterations < limits.iterations:
+    if limits.seconds <= 0:  # no time at all means no step; a positive limit always allows the first
+        stop_reason = "seconds"
+    while stop_reason == "iterations" and iterations < limits.iterations:
         try:
             stopped = _analyse(egraph, deadline, limits.nodes)
             if stopped:

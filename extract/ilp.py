@@ -32,6 +32,8 @@ def ilp_extract(
     """(choice, DAG cost, proven optimal). scipy's milp takes no initial solution, so a valid warm start bounds
     the objective from above and is returned if the solver finds nothing cheaper within time_limit seconds."""
     candidates = _prune(nodes, costs, roots)
+    if not candidates:  # nothing to extract (a function that returns nothing): the empty choice is optimal
+        return {}, 0.0, True
     classes = list(dict.fromkeys(nodes[i].eclass for i in candidates))
     cid = {c: k for k, c in enumerate(classes)}
     warm_cost = math.inf
