@@ -164,7 +164,10 @@ class Optimized:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if jax.config.jax_disable_jit:  # as jax.jit does: the function runs op by op
             return self.fun(*args, **kwargs)
-        return self._checked(lambda run: run(*args, **kwargs), args, kwargs)
+        out = self._dispatch.run(*args, **kwargs)  # the fast path: nothing more once a signature is planned
+        if self._unvalidated or self._unbudgeted:
+            return self._settle(lambda run: run(*args, **kwargs), args, kwargs, out)
+        return out
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """A method decorator, as jax.jit is: the instance becomes the first argument."""
@@ -248,10 +251,13 @@ class Optimized:
         return jax.tree_util.tree_unflatten(entry.out_tree, entry.call(*flat))
 
     def _checked(self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any]) -> Any:
-        """stage(jax.jit object): a call, trace or lowering. Plans built meanwhile are validated (on these
-        arguments where they are concrete and of the plan's signature, else on examples of its shapes) and, on a
-        mismatch, the dispatch is rebuilt so that it traces the original program."""
-        out = stage(self._dispatch.run)
+        """stage(jax.jit object): a call, trace or lowering, then settled."""
+        return self._settle(stage, args, kwargs, stage(self._dispatch.run))
+
+    def _settle(self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
+        """Plans built by the stage that gave `out` are validated (on these arguments where they are concrete and
+        of the plan's signature, else on examples of its shapes) and, on a mismatch, the dispatch is rebuilt so
+        that the stage runs again on the original program."""
         if self._unbudgeted:
             self._check_budget(args, kwargs)
         if not self._unvalidated:
