@@ -6,6 +6,7 @@ optimize(f) -> capture -> saturate -> extract -> lower -> validate, once per sig
 import functools
 import inspect
 import logging
+import operator
 import time
 import types
 import warnings
@@ -473,7 +474,9 @@ class Optimized:
                 if name in _SUBPROGRAM_PARAMS and isinstance(value, jcore.Jaxpr):
                     changed[name] = self._optimize_body(value)
                 elif name == "branches" and isinstance(value, tuple):
-                    changed[name] = tuple(self._optimize_body(b) for b in value)
+                    branches = tuple(self._optimize_body(b) for b in value)
+                    # a new tuple of the same branches is no change (it made every cond look rewritten)
+                    changed[name] = value if all(map(operator.is_, branches, value)) else branches
             changed = {name: v for name, v in changed.items() if v is not call.params[name]}
             if changed:
                 graph.opaque[k] = Opaque(call.primitive, {**call.params, **changed}, call.multiple_results)

@@ -408,3 +408,10 @@ def test_wrapped_attributes_and_callables_jax_jit_accepts_or_refuses():
         eqsat.optimize(staticmethod(f))
     with pytest.raises(TypeError, match="Expected a callable value"):
         eqsat.optimize(3)
+
+
+def test_a_cond_whose_branches_do_not_change_is_not_counted_as_rewritten():
+    """The original then runs, as jax.jit would run it (a re-planned copy also kept its constants alive)."""
+    data = jnp.ones(8)
+    plan = eqsat.optimize(lambda p: lax.cond(p, jax.jit(lambda: data[0]), lambda: data[1])).plan(True)
+    assert plan.unchanged and not plan.stats.get("bodies_rewritten")
