@@ -32,8 +32,6 @@ KNOWN: dict[str, str] = {
     "TracebackTest::test_jit_traceback": "counts Python stack frames under jax.jit; eqsat's dispatch adds some",
     "RematTest::test_saved_residuals_utility_jit": "names residuals by jax.jit's argument; eqsat's capture calls it "
     "a constant",
-    "LaxControlFlowTest::test_cond_memory_leak": "jax's bounded jaxpr caches (LRU) keep a constant of a re-planned "
-    "cond branch after the plan is dropped",
 }
 
 
