@@ -4,7 +4,9 @@ optimize(f) -> capture -> saturate -> extract -> lower -> validate, once per sig
 """
 
 import functools
+import inspect
 import logging
+import operator
 import time
 import types
 import warnings
@@ -58,12 +60,15 @@ class _Dispatch:
     against the user's function exactly as it would for jax.jit(fun)."""
 
     def __init__(self, body: Callable[..., Any], fun: Callable[..., Any], jit_options: dict[str, Any]) -> None:
-        self.body, self.fun, self.jit_options = body, fun, jit_options
+        # the body (a method of the Optimized) held weakly: no cycle, so that dropping the Optimized frees what
+        # the function closes over at once, as dropping a jax.jit object does
+        self.body, self.fun, self.jit_options = weakref.WeakMethod(body), fun, jit_options
         self.donates = bool(jit_options.get("donate_argnums") or jit_options.get("donate_argnames"))
         self.reset()
 
     def reset(self) -> None:
-        body = functools.wraps(self.fun, updated=())(lambda *args, **kwargs: self.body(*args, **kwargs))
+        ref = self.body
+        body = functools.wraps(self.fun, updated=())(lambda *args, **kwargs: ref()(*args, **kwargs))
         self.run = jax.jit(body, **self.jit_options)
 
 
@@ -151,22 +156,25 @@ class Optimized:
         # a budget asks XLA:CPU for its memory-optimized schedule (an option the other backends do not take)
         if memory_budget is not None and jax.default_backend() == "cpu":
             jit_options["compiler_options"] = {**MEMORY_OPTIMIZED, **(jit_options.get("compiler_options") or {})}
-        options = dict(
-            jit_options,
-            static_argnums=self.static_argnums,
-            static_argnames=self.static_argnames,
-            donate_argnums=tuple(donate_argnums),
-            donate_argnames=tuple(donate_argnames),
+        options = dict(jit_options, static_argnums=self.static_argnums, donate_argnums=tuple(donate_argnums))
+        # names only where there are some: jax.jit refuses any, even (), for a function without a signature
+        options.update(
+            {k: v for k, v in [("static_argnames", static_argnames), ("donate_argnames", donate_argnames)] if v}
         )
         self._dispatch = _Dispatch(self._traced, fun, options)
         self._unbudgeted: list[_Entry] = []  # plans built since the last budget check
-        # name, doc and __wrapped__ only: copying fun.__dict__ would copy a wrapped Optimized's state over ours
+        # fun's name, doc, __wrapped__ and attributes, as jax.jit copies them, but never over our own state (fun
+        # may carry a wrapped Optimized's, as jax.grad(optimize(f)) does)
         functools.update_wrapper(self, fun, updated=())
+        vars(self).update({k: v for k, v in getattr(fun, "__dict__", {}).items() if k not in vars(self)})
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if jax.config.jax_disable_jit:  # as jax.jit does: the function runs op by op
             return self.fun(*args, **kwargs)
-        return self._checked(lambda run: run(*args, **kwargs), args, kwargs)
+        out = self._dispatch.run(*args, **kwargs)  # the fast path: nothing more once a signature is planned
+        if self._unvalidated or self._unbudgeted:
+            return self._settle(lambda run: run(*args, **kwargs), args, kwargs, out)
+        return out
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """A method decorator, as jax.jit is: the instance becomes the first argument."""
@@ -250,10 +258,13 @@ class Optimized:
         return jax.tree_util.tree_unflatten(entry.out_tree, entry.call(*flat))
 
     def _checked(self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any]) -> Any:
-        """stage(jax.jit object): a call, trace or lowering. Plans built meanwhile are validated (on these
-        arguments where they are concrete and of the plan's signature, else on examples of its shapes) and, on a
-        mismatch, the dispatch is rebuilt so that it traces the original program."""
-        out = stage(self._dispatch.run)
+        """stage(jax.jit object): a call, trace or lowering, then settled."""
+        return self._settle(stage, args, kwargs, stage(self._dispatch.run))
+
+    def _settle(self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
+        """Plans built by the stage that gave `out` are validated (on these arguments where they are concrete and
+        of the plan's signature, else on examples of its shapes) and, on a mismatch, the dispatch is rebuilt so
+        that the stage runs again on the original program."""
         if self._unbudgeted:
             self._check_budget(args, kwargs)
         if not self._unvalidated:
@@ -274,7 +285,7 @@ class Optimized:
         for entry in entries:
             entry.plan.memory = memory_report(entry.plan)
             entry.plan.memory.xla = figure
-            if "compiler_options" in self._dispatch.jit_options:
+            if self.memory_budget is not None and "compiler_options" in self._dispatch.jit_options:
                 entry.plan.memory.applied.append("XLA:CPU memory-optimized scheduler")
             if self._dispatch.donates:
                 entry.plan.memory.applied.append(f"donated arguments {self._dispatch.jit_options['donate_argnums']}")
@@ -473,7 +484,9 @@ class Optimized:
                 if name in _SUBPROGRAM_PARAMS and isinstance(value, jcore.Jaxpr):
                     changed[name] = self._optimize_body(value)
                 elif name == "branches" and isinstance(value, tuple):
-                    changed[name] = tuple(self._optimize_body(b) for b in value)
+                    branches = tuple(self._optimize_body(b) for b in value)
+                    # a new tuple of the same branches is no change (it made every cond look rewritten)
+                    changed[name] = value if all(map(operator.is_, branches, value)) else branches
             changed = {name: v for name, v in changed.items() if v is not call.params[name]}
             if changed:
                 graph.opaque[k] = Opaque(call.primitive, {**call.params, **changed}, call.multiple_results)
@@ -634,10 +647,14 @@ def optimize(
         raise ValueError(f"autotune takes a number of candidate plans to measure (an int >= 0), got {autotune!r}")
     if fun is None:
         return functools.partial(optimize, **settings)
+    if isinstance(fun, staticmethod):
+        raise TypeError(f"staticmethod arguments are not supported by eqsat.optimize (nor by jax.jit): {fun!r:.80}")
     if not callable(fun):
         raise TypeError(
-            f"eqsat.optimize expects a callable (a function of JAX arrays), got {type(fun).__name__}: {fun!r:.80}"
+            f"Expected a callable value, got {fun!r:.80}: eqsat.optimize expects a callable (a function of JAX arrays)"
         )
+    if inspect.isgeneratorfunction(fun):
+        raise TypeError(f"Expected a function, got a generator function: {fun!r:.80}")
     jit = {k: settings.pop(k) for k in ("static_argnames", "donate_argnames", *jit_options)}
     return Optimized(fun, **settings, jit_options=jit)
 

@@ -372,3 +372,46 @@ def test_a_failure_of_eqsats_own_machinery_warns_and_runs_the_original(monkeypat
     with pytest.warns(eqsat.EqsatWarning, match="could not plan chain.*saturation broke"):
         _close(fast(A, V), chain(A, V))
     assert "saturation broke" in fast.plan(A, V).fallback
+
+
+def test_dropping_the_optimized_frees_what_the_function_closes_over_without_gc():
+    x = jnp.ones(10)
+    f = (lambda x: lambda: x * 2)(x)
+    g = eqsat.optimize(f)
+    x = weakref.ref(x)
+    g()
+    del f
+    assert x() is not None
+    g()
+    del g  # no cycle: freed by reference counting, as a jax.jit object is
+    assert x() is None
+
+
+def test_wrapped_attributes_and_callables_jax_jit_accepts_or_refuses():
+    def f(x: int) -> int:
+        """docstring of f."""
+        return x + 1
+
+    f.some_value = 4
+    fast = eqsat.optimize(f)
+    assert (fast.__doc__, fast.__name__, fast.some_value) == (f.__doc__, "f", 4)
+    assert fast.__annotations__ == f.__annotations__
+    with pytest.raises(jax.errors.ConcretizationTypeError):  # jax.jit's error: a builtin without a signature
+        eqsat.optimize(int)(jnp.int32(3))
+
+    def gen(x):
+        yield x
+
+    with pytest.raises(TypeError, match="generator function"):
+        eqsat.optimize(gen)
+    with pytest.raises(TypeError, match="staticmethod"):
+        eqsat.optimize(staticmethod(f))
+    with pytest.raises(TypeError, match="Expected a callable value"):
+        eqsat.optimize(3)
+
+
+def test_a_cond_whose_branches_do_not_change_is_not_counted_as_rewritten():
+    """The original then runs, as jax.jit would run it (a re-planned copy also kept its constants alive)."""
+    data = jnp.ones(8)
+    plan = eqsat.optimize(lambda p: lax.cond(p, jax.jit(lambda: data[0]), lambda: data[1])).plan(True)
+    assert plan.unchanged and not plan.stats.get("bodies_rewritten")

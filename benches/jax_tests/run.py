@@ -20,7 +20,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # tests that inspect jax.jit's own internals, which an eqsat.optimize object is not: test id prefix -> reason
-KNOWN: dict[str, str] = {}
+_COUNTS = "counts traces or cache entries: eqsat traces once more to capture (and to validate)"
+KNOWN: dict[str, str] = {
+    "APITest::test_cache_miss_explanations": "reads jax.jit's cache-miss log, which names eqsat's own functions",
+    "APITest::test_eval_shape_trace_cache_share": _COUNTS,
+    "APITest::test_user_trace_context_hooks": _COUNTS,
+    "JitTest::test_cache_key_defaults": "calls PjitFunction._cache_size()",
+    "JitTest::test_static_args_equality": "calls PjitFunction._cache_size() and counts traces",
+    "JitTest::test_jit_repr": "expects the repr '<PjitFunction of ...>'",
+    "JitTest::test_jit_of_nonweakreferenceable_function": "expects jax.jit's weak-reference TypeError; eqsat runs it",
+    "TracebackTest::test_jit_traceback": "counts Python stack frames under jax.jit; eqsat's dispatch adds some",
+    "RematTest::test_saved_residuals_utility_jit": "names residuals by jax.jit's argument; eqsat's capture calls it "
+    "a constant",
+}
 
 
 def outcomes(tests: Path, files: list[str], redirect: bool, extra: list[str]) -> dict[str, str]:
