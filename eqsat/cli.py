@@ -238,7 +238,20 @@ def add_optimize_command(commands: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    what = p.add_argument_group("what to optimize")
+    _add_what(p, "optimize")
+    how = p.add_argument_group("how to optimize")
+    how.add_argument(
+        "--target",
+        default="cpu",
+        help=f"device profile to plan for: {', '.join(profile_names())} (default: cpu). The plan runs anywhere; "
+        "the target decides which rewrites pay, e.g. GEMM merges are off on cpu",
+    )
+    _add_optimize_options(p, how)
+
+
+def _add_what(p: argparse.ArgumentParser, verb: str) -> None:
+    """The function or benchmark a command works on, and its example arguments."""
+    what = p.add_argument_group(f"what to {verb}")
     what.add_argument(
         "function",
         nargs="?",
@@ -264,13 +277,10 @@ def add_optimize_command(commands: Any) -> None:
     what.add_argument(
         "--scale", default="full", choices=["full", "small"], help="benchmark size for --bench (default: full)"
     )
-    how = p.add_argument_group("how to optimize")
-    how.add_argument(
-        "--target",
-        default="cpu",
-        help=f"device profile to plan for: {', '.join(profile_names())} (default: cpu). The plan runs anywhere; "
-        "the target decides which rewrites pay, e.g. GEMM merges are off on cpu",
-    )
+
+
+def _add_optimize_options(p: argparse.ArgumentParser, how: Any) -> None:
+    """The rest of optimize's options: how to optimize (after --target) and what to show and keep."""
     how.add_argument(
         "--params-argnums",
         type=int,
@@ -317,3 +327,82 @@ def add_optimize_command(commands: Any) -> None:
         "--no-progress", dest="progress", action="store_false", help="no live progress display on a terminal"
     )
     p.set_defaults(run=run_optimize)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """The tune command: warm the timing cache for a function, or export / import / list cache files."""
+    try:
+        return _tune(args)
+    except (UsageError, EqsatError, OSError, ValueError) as error:
+        print(f"python -m eqsat tune: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from extract import timing
+
+    if args.import_file:
+        incoming = timing.parse(Path(args.import_file).read_text(), args.import_file)
+        cache = timing.cache_for(incoming.device)
+        added = cache.merge(incoming)
+        cache.save()
+        print(f"imported {added} new timings for {incoming.device} ({incoming.versions}) into {cache.path}")
+        return 0
+    if args.export_file:
+        cache = timing.cache_for(args.device or timing.local_device())
+        print(f"wrote {_write(Path(args.export_file), cache.to_json())}: {len(cache.entries)} timings "
+              f"for {cache.device} ({cache.versions})")  # fmt: skip
+        return 0
+    if args.function is None and args.bench is None:
+        for path in sorted(timing.cache_path("x").parent.glob("*.json")):
+            cache = timing.parse(path.read_text(), str(path))
+            print(f"{path}: {len(cache.entries)} timings for {cache.device} ({cache.versions})")
+        return 0
+    return _warm(args)
+
+
+def _warm(args: argparse.Namespace) -> int:
+    import eqsat
+    from eqsat import progress
+    from extract.cost import load_profile
+
+    try:
+        profile = load_profile(args.target)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    work = workload(args)
+    limits = eqsat.Limits(measure_seconds=args.budget)
+    with progress.live_progress(None if args.progress else False):
+        plan = eqsat.optimize(work.fn, target=args.target, limits=limits, validate=False).plan(*work.args)
+    stats = plan.stats
+    print(
+        f"{work.name}: timing cache for {profile.timing_device or '(none: this profile names no device)'}: "
+        f"{int(stats.get('timing_hits', 0))} already measured, {int(stats.get('timing_measured', 0))} measured now "
+        f"in {stats.get('measure_s', 0.0):.1f} s, {int(stats.get('timing_skipped', 0))} left over the budget"
+    )
+    return 0
+
+
+def add_tune_command(commands: Any) -> None:
+    """Register `tune` on the CLI's subparsers."""
+    p = commands.add_parser(
+        "tune",
+        help="warm the timing cache (measured kernel costs) ahead of time; export, import or list cache files",
+        description="Measure the rival kernels of a function's plan on this device and keep them in the timing "
+        "cache, so later optimizations measure nothing; or move a cache between machines: a cache measured on "
+        "a GPU and imported here plans for that GPU's profile.",
+        epilog="examples:\n  python -m eqsat tune mypkg.model:forward --args f32[2,224,224,3]\n"
+        "  python -m eqsat tune --export h200.json --device 'gpu:NVIDIA H200'\n"
+        "  python -m eqsat tune --import h200.json\n  python -m eqsat tune            # list the cache files",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_what(p, "tune")
+    p.add_argument("--target", default="cpu", help="device profile whose timing cache to warm (default: cpu)")
+    p.add_argument("--budget", type=float, default=60.0, help="seconds of measuring at most (default 60)")
+    p.add_argument("--export", dest="export_file", metavar="FILE", help="write a device's timing cache to FILE")
+    p.add_argument("--device", help="the device to export (default: this one), as the cache names it")
+    p.add_argument("--import", dest="import_file", metavar="FILE", help="merge a timing cache file into the cache")
+    p.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no live progress display on a terminal"
+    )
+    p.set_defaults(run=run_tune)
