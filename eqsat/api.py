@@ -12,6 +12,7 @@ import types
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -91,6 +92,8 @@ class _Entry:
     out_tree: Any
     validated: bool
     params: frozenset[str] = frozenset()  # the graph's weight inputs the plan was extracted for
+    # the original compiled for validation in the background while the caller's jax.jit compiles the plan
+    reference: Future | None = None
 
 
 # Plans are shared by every optimize() of one function with the same settings, as jax.jit shares its traces:
@@ -173,7 +176,7 @@ class Optimized:
             return self.fun(*args, **kwargs)
         out = self._dispatch.run(*args, **kwargs)  # the fast path: nothing more once a signature is planned
         if self._unvalidated or self._unbudgeted:
-            return self._settle(lambda run: run(*args, **kwargs), args, kwargs, out)
+            return self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out)
         return out
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -261,10 +264,13 @@ class Optimized:
         """stage(jax.jit object): a call, trace or lowering, then settled."""
         return self._settle(stage, args, kwargs, stage(self._dispatch.run))
 
-    def _settle(self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any], out: Any) -> Any:
+    def _settle(
+        self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any], out: Any, results: Any = None
+    ) -> Any:
         """Plans built by the stage that gave `out` are validated (on these arguments where they are concrete and
         of the plan's signature, else on examples of its shapes) and, on a mismatch, the dispatch is rebuilt so
-        that the stage runs again on the original program."""
+        that the stage runs again on the original program. `results`: what a call returned, the optimized
+        program's results for these arguments, compared as they are instead of compiling the plan again."""
         if self._unbudgeted:
             self._check_budget(args, kwargs)
         if not self._unvalidated:
@@ -273,7 +279,11 @@ class Optimized:
         flat, signature = self._signature(args, kwargs)
         concrete = all(isinstance(x, jax.Array | np.ndarray | np.generic | int | float | complex) for x in flat)
         concrete = concrete and not any(isinstance(x, jax.core.Tracer) for x in flat)
-        if any([self._validate(e, flat if concrete and e.signature == signature else None) for e in pending]):
+        got = jax.tree_util.tree_leaves(results) if results is not None else None
+        mine = [concrete and e.signature == signature for e in pending]
+        if any(
+            [self._validate(e, flat if m else None, got if m else None) for e, m in zip(pending, mine, strict=True)]
+        ):
             self._dispatch.reset()
             out = stage(self._dispatch.run)
         return out
@@ -385,7 +395,8 @@ class Optimized:
                 t1 = time.perf_counter()
                 progress.begin("saturate", f"saturate {len(graph.nodes)} nodes", total=self.limits.iterations)
                 snapshot = saturate(graph, self.rules, self.limits)
-                self._saturated[signature] = (flat_fun, out_tree, graph, snapshot, t1 - t0, time.perf_counter() - t1)
+                saturate_s = time.perf_counter() - t1
+                self._saturated[signature] = (flat_fun, out_tree, graph, snapshot, t1 - t0, saturate_s, closed)
             return self._plan_entry(signature, prepared, *self._saturated[signature])
         except EqsatError:  # a bad rule or a shape conflict: the user's to fix
             raise
@@ -404,6 +415,7 @@ class Optimized:
         snapshot: Any,
         capture_s: float,
         saturate_s: float,
+        closed: jcore.ClosedJaxpr,
     ) -> _Entry:
         t2 = time.perf_counter()
         params = self._param_names(signature) if prepared else frozenset()
@@ -420,7 +432,10 @@ class Optimized:
         if self._nothing_to_gain(plan) or plan.fallback:  # run the original program exactly as jax.jit would
             return _Entry(signature, plan, original, original, out_tree, validated=True)
         optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
-        return _Entry(signature, plan, optimized, original, out_tree, validated=not self.validate, params=params)
+        reference = _COMPILER.submit(_compiled_reference, closed) if self.validate else None
+        return _Entry(
+            signature, plan, optimized, original, out_tree, not self.validate, params=params, reference=reference
+        )
 
     def _original_entry(self, signature: _Signature, call: Callable[..., Any], out_tree: Any, why: str) -> _Entry:
         """An entry that runs the original, with a plan of no nodes that says why."""
@@ -514,15 +529,17 @@ class Optimized:
         leaves = (jax.tree_util.tree_leaves(sub) for pos, sub in zip(positions, indexed, strict=True) if pos in params)
         return frozenset(f"x{j}" for sub in leaves for j in sub)
 
-    def _validate(self, entry: _Entry, flat: list[Any] | None = None) -> bool:
+    def _validate(self, entry: _Entry, flat: list[Any] | None = None, got: list[Any] | None = None) -> bool:
         """Compare with the original on these arguments (without them: examples of the signature's shapes, as
-        while tracing or before donation); fall back on mismatch.
+        while tracing or before donation); fall back on mismatch. `got`: the optimized results for `flat`, where
+        the caller has them already.
 
         Returns whether it fell back."""
         progress.begin("validate", "validate: compile and compare with the original")
         with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
             flat = _examples(entry.signature) if flat is None else flat
-            expected, got = (_comparable(f(*flat)) for f in (entry.original, entry.call))
+            expected = _comparable(_reference_results(entry, flat))
+            got = _comparable(entry.call(*flat) if got is None else got)
         entry.validated = True
         wrong = next(((k, p) for k, p in enumerate(map(_differs, range(len(got)), expected, got)) if p), None)
         if wrong is not None:
@@ -770,6 +787,28 @@ def _with_original_derivatives(
     wrapped = jax.custom_jvp(optimized)
     wrapped.defjvp(lambda primals, tangents: jax.jvp(original, primals, tangents))
     return wrapped
+
+
+# one thread compiles the originals that validation compares with, beside the caller's compile of the plan: XLA
+# releases the GIL while it compiles, so on two cores the two compiles overlap
+_COMPILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eqsat-reference")
+
+
+def _compiled_reference(closed: jcore.ClosedJaxpr) -> Any:
+    """The captured program compiled on its own: from the jaxpr, so no user code runs on this thread."""
+    avals = [v.aval for v in closed.jaxpr.invars]
+    return jax.jit(jcore.jaxpr_as_fun(closed)).lower(*avals).compile()
+
+
+def _reference_results(entry: _Entry, flat: list[Any]) -> list[Any]:
+    """The original's results for flat: from the executable compiled in the background where it is ready to take
+    these arguments, else from the original through jax.jit."""
+    if entry.reference is not None:
+        try:
+            return list(entry.reference.result()(*flat))
+        except Exception:  # it did not compile, or takes other arguments (a weak type, a committed device)
+            log.debug("eqsat: the background reference did not run; compiling the original", exc_info=True)
+    return entry.original(*flat)
 
 
 def _abstract(x: Any) -> Any:
