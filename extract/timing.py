@@ -218,6 +218,14 @@ def priced(profile: Profile, snapshot: Snapshot, budget: float) -> tuple[Profile
     stats = {f"timing_{k}": float(v) for k, v in counts.items()}
     if counts["measured"]:
         stats["measure_s"] = time.perf_counter() - start
+    return attached(profile), stats
+
+
+def attached(profile: Profile) -> Profile:
+    """The profile with what its device's timing cache holds (nothing is measured)."""
+    if not profile.timing_device:
+        return profile
+    cache = cache_for(profile.timing_device)
     with cache.lock:
         entries = {k: v for k, v in cache.entries.items() if v is not None}
-    return replace(profile, timings=entries), stats
+    return replace(profile, timings=entries)
