@@ -144,18 +144,20 @@ def build_plan(
     free = [weight[i] and not _expands(size(n.eclass), [size(c) for c in n.children]) for i, n in enumerate(nodes)]
     costs, roots, baseline = extraction_problem(graph, snapshot, profile, free, forbid, memory_weight)
     method = extractor
+    kept = set(_original_keys(graph, snapshot))
     for _ in range(20):
         choice, report = extract(nodes, costs, roots, method, time_limit, baseline, profile.min_gain)
         method = "greedy" if extractor == "auto" else extractor  # after a ban, the ILP has had its turn
         order = _topological(nodes, choice, roots)
-        banned = [i for i in order if not _typechecks(nodes[i], snapshot)]
+        # nodes of the captured program are typed by jax already: only rewritten ones need checking
+        banned = [i for i in order if _key(nodes[i]) not in kept and not _typechecks(nodes[i], snapshot)]
         if not banned:
             break
         for i in banned:
             costs[i] = math.inf
     else:
         raise RuntimeError("extraction kept choosing ill-typed nodes")
-    plan = _assemble(graph, snapshot, profile, weight, free, choice, order)
+    plan = _assemble(graph, snapshot, profile, weight, free, choice, order, kept)
     plan.extraction = {k: v for k, v in report.items() if v is not None}
     return plan
 
@@ -271,12 +273,12 @@ def _assemble(
     free: list[bool],
     choice: dict[str, int],
     order: list[int],
+    kept: set[tuple],
 ) -> Plan:
-    """The plan of the chosen nodes. A weight-only node that is not free (it expands its inputs) is kept once only
-    where weight-only work alone reads it; read per call, it is computed per call at its full cost."""
+    """The plan of the chosen nodes (kept: the original nodes' keys). A weight-only node that is not free (it
+    expands its inputs) is kept once only where weight-only work alone reads it; read per call, it is computed per call at its full cost."""
     nodes = snapshot.nodes
     per_call_cost: dict[int, Cost] = {}  # plan node -> its cost if computed per call, for the expanding ones
-    kept = set(_original_keys(graph, snapshot))
     index: dict[str, int] = {}  # e-class -> plan node
     lists: dict[str, tuple[int, ...]] = {}  # TList e-class -> plan nodes
     plan_nodes: list[PlanNode] = []
