@@ -276,7 +276,8 @@ def _assemble(
     kept: set[tuple],
 ) -> Plan:
     """The plan of the chosen nodes (kept: the original nodes' keys). A weight-only node that is not free (it
-    expands its inputs) is kept once only where weight-only work alone reads it; read per call, it is computed per call at its full cost."""
+    expands its inputs) is kept once only where weight-only work alone reads it; read per call, it is computed
+    per call at its full cost."""
     nodes = snapshot.nodes
     per_call_cost: dict[int, Cost] = {}  # plan node -> its cost if computed per call, for the expanding ones
     index: dict[str, int] = {}  # e-class -> plan node
