@@ -251,9 +251,11 @@ def _patch_conv(attrs: tuple, x: Any, w: Any) -> Any:
     patches = lax.reshape(jnp.stack(taps, axis=3), (n, ho, wo, kh * kw, groups, cg))
     kernel = lax.reshape(w, (kh * kw, cg, groups, og))
     # contract taps and channels, batched over groups: [g, n, ho, wo, og]
-    y = lax.dot_general(patches, kernel, (((3, 5), (0, 1)), ((4,), (2,))), preferred_element_type=jnp.float32)
+    dtype = jnp.result_type(x.dtype, w.dtype)
+    acc = jnp.promote_types(dtype, jnp.float32)  # bf16/f16 accumulate in f32 as the conv kernel does, f64 in f64
+    y = lax.dot_general(patches, kernel, (((3, 5), (0, 1)), ((4,), (2,))), preferred_element_type=acc)
     y = lax.transpose(y, (1, 2, 3, 0, 4))
-    return lax.reshape(y, (n, ho, wo, out_channels)).astype(jnp.result_type(x.dtype, w.dtype))
+    return lax.reshape(y, (n, ho, wo, out_channels)).astype(dtype)
 
 
 def _broadcast_batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
