@@ -172,11 +172,11 @@ def _conv_shape_rules(name: str) -> tuple[str, ...]:
 
 
 def _pool_init(fn: str, dtype: Any) -> Any:
-    """The identity a window pads with: 0 for a sum, the lowest value (-inf for floats) for a max."""
+    """The identity a window pads with: 0 for a sum, the lowest value (-inf for floats) for a max. A numpy scalar:
+    lax.reduce_window binds reduce_window_max / _sum only for a concrete identity, a traced one stays generic."""
     if fn == "sum":
-        return lax.full((), 0, dtype)
-    low = -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
-    return lax.full((), low, dtype)
+        return np.zeros((), dtype)
+    return np.array(-np.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min, dtype)
 
 
 def _pool(fn: str) -> Callable[..., Any]:

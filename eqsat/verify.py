@@ -427,7 +427,7 @@ def _pool(kind: str) -> Callable[[DrawFn, Program], int]:
         init, fn = (-jnp.inf, lax.max) if kind == "max" else (0.0, lax.add)
         return prog.apply(
             f"{kind}_pool[window={window} strides={strides} padding={padding}]",
-            lambda v: lax.reduce_window(v, jnp.asarray(init, v.dtype), fn, window, strides, padding),
+            lambda v: lax.reduce_window(v, np.array(init, v.dtype), fn, window, strides, padding),
             x,
         )
 

@@ -173,3 +173,12 @@ def test_pooled_grouped_net_rewrites_and_matches_jit():
     fired = _fired(fast.plan(x, w1, w2, a))
     for rule in ("pool-max-sliced", "pool-sum-sliced", "grouped-patches", "tiny-batchdot-broadcast"):
         assert rule in fired, fired
+
+
+@pytest.mark.parametrize("op", ["PoolMax", "PoolSum"])
+def test_pool_lowering_binds_the_pool_primitive_under_a_trace(op: str):
+    # a traced identity would bind the generic reduce_window: slower, and not captured again as a pool
+    attrs = pool_attrs((1, 3, 3, 1), (1, 2, 2, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    jaxpr = jax.make_jaxpr(jax.jit(lambda x: OPS[op].lower(attrs, x)))(normal(1, 6, 6, 2))
+    names = {e.primitive.name for e in jaxpr.jaxpr.eqns[0].params["jaxpr"].eqns}
+    assert names == {"reduce_window_max" if op == "PoolMax" else "reduce_window_sum"}
