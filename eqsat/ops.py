@@ -113,24 +113,32 @@ def _conv(attrs: tuple, x: Any, w: Any) -> Any:
 def _shifted_conv(attrs: tuple, x: Any, w: Any) -> Any:
     """A depthwise convolution (one input channel per group) as a sum of shifted, strided slices of the padded
     input times weight rows: XLA fuses it into one loop, where XLA:CPU's depthwise kernel runs far below roofline."""
-    sh, sw, pt, pb, pl, pr, dh, dw, _groups = attrs
     kh, kw, _, out_channels = w.shape
     n, h, wd, channels = x.shape
     if out_channels != channels:  # a channel multiplier: output channel o reads input channel o // m
         m = out_channels // channels
         x = lax.reshape(lax.broadcast_in_dim(x, (n, h, wd, channels, m), (0, 1, 2, 3)), (n, h, wd, out_channels))
     acc_dtype = jnp.promote_types(x.dtype, jnp.float32)  # bf16/f16 accumulate in f32, as the conv kernel does
-    xp = lax.pad(x.astype(acc_dtype), lax.full((), 0, acc_dtype), [(0, 0, 0), (pt, pb, 0), (pl, pr, 0), (0, 0, 0)])
+    total = None
+    for (i, j), tap in _conv_taps(attrs, x.astype(acc_dtype), kh, kw):
+        tap = tap * w[i, j, 0].astype(acc_dtype)
+        total = tap if total is None else total + tap
+    return total.astype(x.dtype)
+
+
+def _conv_taps(attrs: tuple, x: Any, kh: int, kw: int) -> list[tuple[tuple[int, int], Any]]:
+    """The kernel offsets (i, j) of an NHWC conv with these attributes, each with the strided slice of the padded
+    input it multiplies: [n, ho, wo, channels]."""
+    sh, sw, pt, pb, pl, pr, dh, dw, _groups = attrs
+    xp = lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), (pt, pb, 0), (pl, pr, 0), (0, 0, 0)])
     ho = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
     wo = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
-    total = None
+    taps = []
     for i in range(kh):
         for j in range(kw):
-            start = (0, i * dh, j * dw, 0)
-            limit = (n, i * dh + sh * (ho - 1) + 1, j * dw + sw * (wo - 1) + 1, out_channels)
-            tap = lax.slice(xp, start, limit, (1, sh, sw, 1)) * w[i, j, 0].astype(acc_dtype)
-            total = tap if total is None else total + tap
-    return total.astype(x.dtype)
+            limit = (x.shape[0], i * dh + sh * (ho - 1) + 1, j * dw + sw * (wo - 1) + 1, x.shape[3])
+            taps.append(((i, j), lax.slice(xp, (0, i * dh, j * dw, 0), limit, (1, sh, sw, 1))))
+    return taps
 
 
 def _one_hot(attrs: tuple, ids: Any) -> Any:
@@ -231,22 +239,10 @@ def _pool_shape_rules(name: str, max_rank: int = 6) -> tuple[str, ...]:
 def _patch_conv(attrs: tuple, x: Any, w: Any) -> Any:
     """A grouped convolution (several input channels per group) as the kh*kw shifted, strided slices of the padded
     input stacked and one contraction batched over the groups; XLA:CPU's grouped conv kernel is sometimes slower."""
-    sh, sw, pt, pb, pl, pr, dh, dw, groups = attrs
+    groups = attrs[8]
     kh, kw, cg, out_channels = w.shape
-    n = x.shape[0]
-    xp = lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), (pt, pb, 0), (pl, pr, 0), (0, 0, 0)])
-    ho = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
-    wo = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
-    taps = [
-        lax.slice(
-            xp,
-            (0, i * dh, j * dw, 0),
-            (n, i * dh + sh * (ho - 1) + 1, j * dw + sw * (wo - 1) + 1, x.shape[3]),
-            (1, sh, sw, 1),
-        )
-        for i in range(kh)
-        for j in range(kw)
-    ]
+    taps = [tap for _, tap in _conv_taps(attrs, x, kh, kw)]
+    n, ho, wo, _ = taps[0].shape
     og = out_channels // groups
     patches = lax.reshape(jnp.stack(taps, axis=3), (n, ho, wo, kh * kw, groups, cg))
     kernel = lax.reshape(w, (kh * kw, cg, groups, og))
