@@ -3,6 +3,7 @@
 
     python -m benches.kernels                       # all cases (the keras ones need `pip install -e .[models]`)
     python -m benches.kernels --only onehot,MobileNetV2 --markdown rows.md
+    python -m benches.kernels --only maxpool,sumpool,grouped56,grouped7,tinybatch   # DESIGN.md §2b's single ops
 
 Per case: the ratio (jax.jit time / eqsat time) with its interquartile range; jax.jit's first call; eqsat's first
 call with an empty timing cache and again with the cache warm (a new `optimize` of the same function, as a later
@@ -30,7 +31,8 @@ from eqsat.measure import compare
 
 KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "ConvNeXtTiny")
 BARS = {"MobileNetV2": 6, "EfficientNetB0": 4, "MobileNetV3Small": 3, "NASNetMobile": 3, "ConvNeXtTiny": 1.8,
-        "onehot": 100, "nasnet_a": 2}  # fmt: skip
+        "onehot": 100, "nasnet_a": 2, "maxpool": 1.5, "sumpool": 2, "grouped56": 1, "grouped7": 1,
+        "tinybatch": 4}  # fmt: skip
 
 
 def _one_hot() -> Workload:
@@ -41,9 +43,47 @@ def _one_hot() -> Workload:
     return Workload("onehot", lambda table, ids: jax.nn.one_hot(ids, vocab) @ table, (table, ids), (), "")
 
 
+def _normal(*shape: int) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(0).standard_normal(shape, np.float32))
+
+
+def _pool(kind: str) -> Workload:
+    """DESIGN.md §2b's pools: max 3x3 stride 2 and sum 3x3 stride 1 over 2x112x112x64, padding 1."""
+    init, fn, stride = (-jnp.inf, jax.lax.max, 2) if kind == "max" else (0.0, jax.lax.add, 1)
+    pad = ((0, 0), (1, 1), (1, 1), (0, 0))
+    return Workload(
+        f"{kind}pool",
+        lambda x: jax.lax.reduce_window(x, init, fn, (1, 3, 3, 1), (1, stride, stride, 1), pad),
+        (_normal(2, 112, 112, 64),),
+    )
+
+
+def _grouped(size: int, channels: int) -> Workload:
+    """DESIGN.md §2b's grouped convs: 3x3, 32 groups, 1 x size x size x channels."""
+    dims = ("NHWC", "HWIO", "NHWC")
+    return Workload(
+        f"grouped{size}",
+        lambda x, w: jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dims, feature_group_count=32),
+        (_normal(1, size, size, channels), _normal(3, 3, channels // 32, channels)),
+    )
+
+
+SMALL = {  # DESIGN.md §2b's single ops
+    "maxpool": lambda: _pool("max"),
+    "sumpool": lambda: _pool("sum"),
+    "grouped56": lambda: _grouped(56, 128),
+    "grouped7": lambda: _grouped(7, 1024),
+    "tinybatch": lambda: Workload(
+        "tinybatch", lambda a, b: jnp.einsum("nij,njk->nik", a, b), (_normal(4096, 4, 4), _normal(4096, 4, 4))
+    ),
+}
+
+
 def workload(name: str) -> Workload:
     if name == "onehot":
         return _one_hot()
+    if name in SMALL:
+        return SMALL[name]()
     if name == "nasnet_a":
         return nasnet_a.build("full")
     return _keras_app(name, name, batch=2)
@@ -104,7 +144,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benches.kernels", description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="comma-separated subset of onehot,nasnet_a," + ",".join(KERAS))
+    parser.add_argument("--only", help="comma-separated subset of onehot,nasnet_a," + ",".join((*KERAS, *SMALL)))
     parser.add_argument("--seconds", type=float, default=6.0, help="interleaved timing budget per case")
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--markdown", help="write the rows as a markdown table here")

@@ -206,6 +206,17 @@ def _to_spec(graph: Graph, node: int, spec: tuple[int, ...], target: tuple[int, 
     return graph.add(Node("Transpose", (node,), (perm,), shape, src.dtype))
 
 
+def _model_pool(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    """reduce_window_max / reduce_window_sum (lax.reduce_window of lax.max / lax.add from its identity) without
+    dilation as (PoolMax window strides pad_low pad_high x) / (PoolSum ...)."""
+    p = eqn.params
+    if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
+        return None
+    low, high = (tuple(int(side[k]) for side in p["padding"]) for k in (0, 1))
+    attrs = (tuple(int(d) for d in p["window_dimensions"]), tuple(int(s) for s in p["window_strides"]), low, high)
+    return {"reduce_window_max": "PoolMax", "reduce_window_sum": "PoolSum"}[eqn.primitive.name], attrs, inputs
+
+
 def _model_one_hot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
     """jax.nn.one_hot: convert(eq(broadcast(ids)[..., None], iota along the last axis)) as (OneHot depth dtype ids);
     any other conversion stays opaque."""
@@ -297,4 +308,6 @@ _SPECIAL = {
     "slice": _model_slice,
     "reduce_sum": _model_reduce,
     "reduce_max": _model_reduce,
+    "reduce_window_max": _model_pool,
+    "reduce_window_sum": _model_pool,
 }

@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 Shape = tuple[int, ...]
@@ -25,7 +26,7 @@ class OpSpec:
     attrs: tuple[str, ...]  # egglog sorts of the leading attribute arguments
     arity: int  # tensor inputs after the attributes
     # "source" | "contraction" | "elementwise" (fused by XLA: slices, concats too) | "bitcast" (a row-major reshape:
-    # XLA moves no data) | "opaque"
+    # XLA moves no data) | "gather" | "window" (a pooling pass: reads its input once, writes its output) | "opaque"
     cost_class: str
     lower: Callable[..., Any] | None  # lower(attrs, *inputs) -> jax value
     shape_rules: tuple[str, ...] = ()  # egglog rule bodies; `e` is the node, `sa`/`sb` input shapes
@@ -112,24 +113,32 @@ def _conv(attrs: tuple, x: Any, w: Any) -> Any:
 def _shifted_conv(attrs: tuple, x: Any, w: Any) -> Any:
     """A depthwise convolution (one input channel per group) as a sum of shifted, strided slices of the padded
     input times weight rows: XLA fuses it into one loop, where XLA:CPU's depthwise kernel runs far below roofline."""
-    sh, sw, pt, pb, pl, pr, dh, dw, _groups = attrs
     kh, kw, _, out_channels = w.shape
     n, h, wd, channels = x.shape
     if out_channels != channels:  # a channel multiplier: output channel o reads input channel o // m
         m = out_channels // channels
         x = lax.reshape(lax.broadcast_in_dim(x, (n, h, wd, channels, m), (0, 1, 2, 3)), (n, h, wd, out_channels))
     acc_dtype = jnp.promote_types(x.dtype, jnp.float32)  # bf16/f16 accumulate in f32, as the conv kernel does
-    xp = lax.pad(x.astype(acc_dtype), lax.full((), 0, acc_dtype), [(0, 0, 0), (pt, pb, 0), (pl, pr, 0), (0, 0, 0)])
+    total = None
+    for (i, j), tap in _conv_taps(attrs, x.astype(acc_dtype), kh, kw):
+        tap = tap * w[i, j, 0].astype(acc_dtype)
+        total = tap if total is None else total + tap
+    return total.astype(x.dtype)
+
+
+def _conv_taps(attrs: tuple, x: Any, kh: int, kw: int) -> list[tuple[tuple[int, int], Any]]:
+    """The kernel offsets (i, j) of an NHWC conv with these attributes, each with the strided slice of the padded
+    input it multiplies: [n, ho, wo, channels]."""
+    sh, sw, pt, pb, pl, pr, dh, dw, _groups = attrs
+    xp = lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), (pt, pb, 0), (pl, pr, 0), (0, 0, 0)])
     ho = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
     wo = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
-    total = None
+    taps = []
     for i in range(kh):
         for j in range(kw):
-            start = (0, i * dh, j * dw, 0)
-            limit = (n, i * dh + sh * (ho - 1) + 1, j * dw + sw * (wo - 1) + 1, out_channels)
-            tap = lax.slice(xp, start, limit, (1, sh, sw, 1)) * w[i, j, 0].astype(acc_dtype)
-            total = tap if total is None else total + tap
-    return total.astype(x.dtype)
+            limit = (x.shape[0], i * dh + sh * (ho - 1) + 1, j * dw + sw * (wo - 1) + 1, x.shape[3])
+            taps.append(((i, j), lax.slice(xp, (0, i * dh, j * dw, 0), limit, (1, sh, sw, 1))))
+    return taps
 
 
 def _one_hot(attrs: tuple, ids: Any) -> Any:
@@ -141,6 +150,16 @@ def _take_rows(_attrs: tuple, table: Any, ids: Any) -> Any:
     """Rows of `table` by index, zero where the index is out of range: what one_hot(ids) @ table computes."""
     rows = jnp.take(table, ids, axis=0, mode="fill", fill_value=0)
     return jnp.where((ids >= 0)[..., None], rows, jnp.zeros((), table.dtype))
+
+
+def _batch_dot_shape_rules(name: str) -> tuple[str, ...]:
+    """[B..., M, K] x [B..., K, N] -> [B..., M, N], for BatchDot and its alternative."""
+    return (
+        f"(rule ((= e ({name} a b)) (= sa (shape a)) (= sb (shape b)) (= n (vec-length sa))"
+        " (= n (vec-length sb)) (>= n 3) (= (vec-pop (vec-pop sa)) (vec-pop (vec-pop sb)))"
+        " (= (vec-get sa (- n 1)) (vec-get sb (- n 2))))"
+        " ((set (shape e) (vec-set sa (- n 1) (vec-get sb (- n 1))))))",
+    )
 
 
 def _window_room(size: str, pad_a: str, pad_b: str, kernel: str, dilation: str) -> str:
@@ -158,6 +177,90 @@ def _conv_shape_rules(name: str) -> tuple[str, ...]:
         f" (= rw {_window_room('(vec-get sa 2)', 'k4', 'k5', '(vec-get sb 1)', 'k7')}) (>= rw 0))"
         " ((set (shape e) (vec-of (vec-get sa 0) (+ (/ rh k0) 1) (+ (/ rw k1) 1) (vec-get sb 3)))))",
     )
+
+
+def _pool_init(fn: str, dtype: Any) -> Any:
+    """The identity a window pads with: 0 for a sum, the lowest value (-inf for floats) for a max. A numpy scalar:
+    lax.reduce_window binds reduce_window_max / _sum only for a concrete identity, a traced one stays generic."""
+    if fn == "sum":
+        return np.zeros((), dtype)
+    return np.array(-np.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min, dtype)
+
+
+def _pool(fn: str) -> Callable[..., Any]:
+    """reduce_window of lax.max / lax.add over (window, strides, pad_low, pad_high): what jax binds as the
+    reduce_window_max / reduce_window_sum primitives (flax, keras, haiku and equinox pools)."""
+
+    def lower(attrs: tuple, x: Any) -> Any:
+        window, strides, low, high = (tuple(a) for a in attrs)
+        reducer = lax.max if fn == "max" else lax.add
+        padding = tuple(zip(low, high, strict=True))
+        return lax.reduce_window(x, _pool_init(fn, x.dtype), reducer, window, strides, padding)
+
+    return lower
+
+
+def _sliced_pool(fn: str) -> Callable[..., Any]:
+    """The same window reduction as a max / sum over one strided slice of the padded input per window offset:
+    XLA fuses it into one loop, where XLA:CPU's reduce_window runs 2-5x slower (DESIGN.md §2b)."""
+
+    def lower(attrs: tuple, x: Any) -> Any:
+        window, strides, low, high = (tuple(a) for a in attrs)
+        xp = lax.pad(x, _pool_init(fn, x.dtype), [(lo, hi, 0) for lo, hi in zip(low, high, strict=True)])
+        out = tuple((size - k) // s + 1 for size, k, s in zip(xp.shape, window, strides, strict=True))
+        total = None
+        for offset in np.ndindex(*window):
+            limit = tuple(o + s * (n - 1) + 1 for o, s, n in zip(offset, strides, out, strict=True))
+            tap = lax.slice(xp, tuple(int(o) for o in offset), limit, strides)
+            total = tap if total is None else (lax.max(total, tap) if fn == "max" else lax.add(total, tap))
+        return total
+
+    return lower
+
+
+def _pool_shape_rules(name: str, max_rank: int = 6) -> tuple[str, ...]:
+    """(name window strides low high a): out[i] = (a[i] + low[i] + high[i] - window[i]) / strides[i] + 1, one rule
+    per rank (egglog has no map over a vector), the window fitting the padded input on every axis."""
+    rules = []
+    for rank in range(1, max_rank + 1):
+        rooms = [
+            f"(- (+ (vec-get sa {i}) (+ (vec-get k2 {i}) (vec-get k3 {i}))) (vec-get k0 {i}))" for i in range(rank)
+        ]
+        guards = " ".join(f"(= r{i} {room}) (>= r{i} 0) (> (vec-get k1 {i}) 0)" for i, room in enumerate(rooms))
+        dims = " ".join(f"(+ (/ r{i} (vec-get k1 {i})) 1)" for i in range(rank))
+        lengths = " ".join(f"(= (vec-length k{j}) {rank})" for j in range(4))
+        rules.append(
+            f"(rule ((= e ({name} k0 k1 k2 k3 a)) (= sa (shape a)) (= (vec-length sa) {rank}) {lengths} {guards})"
+            f" ((set (shape e) (vec-of {dims}))))"
+        )
+    return tuple(rules)
+
+
+def _patch_conv(attrs: tuple, x: Any, w: Any) -> Any:
+    """A grouped convolution (several input channels per group) as the kh*kw shifted, strided slices of the padded
+    input stacked and one contraction batched over the groups; XLA:CPU's grouped conv kernel is sometimes slower."""
+    groups = attrs[8]
+    kh, kw, cg, out_channels = w.shape
+    taps = [tap for _, tap in _conv_taps(attrs, x, kh, kw)]
+    n, ho, wo, _ = taps[0].shape
+    og = out_channels // groups
+    patches = lax.reshape(jnp.stack(taps, axis=3), (n, ho, wo, kh * kw, groups, cg))
+    kernel = lax.reshape(w, (kh * kw, cg, groups, og))
+    # contract taps and channels, batched over groups: [g, n, ho, wo, og]
+    dtype = jnp.result_type(x.dtype, w.dtype)
+    acc = jnp.promote_types(dtype, jnp.float32)  # bf16/f16 accumulate in f32 as the conv kernel does, f64 in f64
+    y = lax.dot_general(patches, kernel, (((3, 5), (0, 1)), ((4,), (2,))), preferred_element_type=acc)
+    y = lax.transpose(y, (1, 2, 3, 0, 4))
+    return lax.reshape(y, (n, ho, wo, out_channels)).astype(dtype)
+
+
+def _broadcast_batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
+    """A batched matmul of tiny matrices as a broadcast multiply and a sum over the contracted axis: one fused loop,
+    where XLA:CPU runs one small GEMM per batch element."""
+    n = a.ndim
+    left = lax.expand_dims(a, (n,))  # [B..., M, K, 1]
+    right = lax.expand_dims(b, (n - 2,))  # [B..., 1, K, N]
+    return lax.reduce_sum(lax.mul(left, right), (n - 1,))
 
 
 def _per_rank_shape_rules(pattern: str, dim: str, max_rank: int = 6) -> tuple[str, ...]:
@@ -224,12 +327,18 @@ OPS: dict[str, OpSpec] = {
             2,
             "contraction",
             _batch_dot,
-            (
-                "(rule ((= e (BatchDot a b)) (= sa (shape a)) (= sb (shape b)) (= n (vec-length sa))"
-                " (= n (vec-length sb)) (>= n 3) (= (vec-pop (vec-pop sa)) (vec-pop (vec-pop sb)))"
-                " (= (vec-get sa (- n 1)) (vec-get sb (- n 2))))"
-                " ((set (shape e) (vec-set sa (- n 1) (vec-get sb (- n 1))))))",
-            ),
+            _batch_dot_shape_rules("BatchDot"),
+            contracted=lambda shapes: shapes[0][-1],
+        ),
+        # The same batched matmul as a broadcast multiply and a sum over K; rules/kernels.egg puts it beside a
+        # BatchDot of tiny matrices, the timing cache prices both.
+        OpSpec(
+            "BcastBatchDot",
+            (),
+            2,
+            "contraction",
+            _broadcast_batch_dot,
+            _batch_dot_shape_rules("BcastBatchDot"),
             contracted=lambda shapes: shapes[0][-1],
         ),
         # NHWC x HWIO convolution: (Conv stride_h stride_w pad_top pad_bottom pad_left pad_right
@@ -253,6 +362,28 @@ OPS: dict[str, OpSpec] = {
             _shifted_conv,
             _conv_shape_rules("ShiftConv"),
             contracted=lambda shapes: prod(shapes[1][:3]),
+        ),
+        # The same attributes, a grouped conv (several input channels per group) as stacked shifted patches and one
+        # contraction batched over the groups.
+        OpSpec(
+            "PatchConv",
+            ("i64",) * 9,
+            2,
+            "contraction",
+            _patch_conv,
+            _conv_shape_rules("PatchConv"),
+            contracted=lambda shapes: prod(shapes[1][:3]),
+        ),
+        # Pooling: (PoolMax window strides pad_low pad_high x), (PoolSum ...), any rank and layout (the window's
+        # size-1 axes are the batch and channel ones); PoolMaxSliced / PoolSumSliced compute them over strided slices.
+        *(
+            OpSpec(name, ("Shape",) * 4, 1, "window", lower, _pool_shape_rules(name))
+            for name, lower in (
+                ("PoolMax", _pool("max")),
+                ("PoolSum", _pool("sum")),
+                ("PoolMaxSliced", _sliced_pool("max")),
+                ("PoolSumSliced", _sliced_pool("sum")),
+            )
         ),
         # (OneHot depth dtype ids): ids[...] -> [..., depth], 1 where the index matches; captured from jax.nn.one_hot
         OpSpec(

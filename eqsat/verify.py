@@ -402,6 +402,38 @@ def _gen_depthwise(draw: DrawFn, prog: Program) -> int:
     return prog.apply(label, conv, x, prog.pick(draw, lambda s: s == kernel, kernel))
 
 
+def _gen_grouped(draw: DrawFn, prog: Program) -> int:
+    """A grouped conv with 2-3 input channels per group: what kernel selection computes as stacked patches."""
+    groups, per_group = draw(st.integers(2, 3)), draw(st.integers(2, 3))
+    x = prog.fresh((draw(st.integers(1, 2)), draw(st.integers(3, 6)), draw(st.integers(3, 6)), groups * per_group))
+    kernel, conv, label = _conv_params(draw, prog, x, groups)
+    return prog.apply(label, conv, x, prog.fresh(kernel))
+
+
+def _pool(kind: str) -> Callable[[DrawFn, Program], int]:
+    """lax.reduce_window of lax.max from -inf or lax.add from 0 (what flax, keras, haiku and equinox pools bind),
+    over the spatial axes of NHWC or NCHW, with random window, strides and padding."""
+
+    def gen(draw: DrawFn, prog: Program) -> int:
+        x = prog.pick(draw, lambda s: len(s) == 4 and min(s[1:]) >= 3, (draw(st.integers(1, 2)), *_dims(draw, 3, 3)))
+        spatial = (1, 2) if draw(st.booleans()) else (2, 3)  # NHWC or NCHW
+        window = tuple(draw(st.integers(1, 3)) if d in spatial else 1 for d in range(4))
+        strides = tuple(draw(st.integers(1, 2)) if d in spatial else 1 for d in range(4))
+        if draw(st.booleans()):
+            padding: Any = draw(st.sampled_from(["VALID", "SAME"]))
+        else:
+            pads = [(draw(st.integers(0, 1)), draw(st.integers(0, 1))) for _ in spatial]
+            padding = tuple(pads[spatial.index(d)] if d in spatial else (0, 0) for d in range(4))
+        init, fn = (-jnp.inf, lax.max) if kind == "max" else (0.0, lax.add)
+        return prog.apply(
+            f"{kind}_pool[window={window} strides={strides} padding={padding}]",
+            lambda v: lax.reduce_window(v, np.array(init, v.dtype), fn, window, strides, padding),
+            x,
+        )
+
+    return gen
+
+
 def _gen_one_hot(draw: DrawFn, prog: Program, table: bool) -> int:
     """one_hot of integer ids (from a float input, negative and out-of-range ones included), times a table or not:
     the embedding pattern that kernel selection turns into a gather."""
@@ -598,6 +630,9 @@ GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     "Bcast": _gen_bcast,
     "Conv": _gen_conv,
     "ShiftConv": _gen_depthwise,
+    "PatchConv": _gen_grouped,
+    "BcastBatchDot": _gen_batch_dot,
+    **{f"Pool{kind.title()}{sliced}": _pool(kind) for kind in ("max", "sum") for sliced in ("", "Sliced")},
     "OneHot": lambda draw, prog: _gen_one_hot(draw, prog, table=False),
     "Take": lambda draw, prog: _gen_one_hot(draw, prog, table=True),
     "sibling-convs": _gen_sibling_convs,

@@ -145,7 +145,7 @@ def node_cost(
         assert out_shape is not None and in_shapes[0] is not None
         flops = float(contraction_flops(op, in_shapes, out_shape))
         moved = in_bytes + out_bytes
-        measured = profile.timings.get(node_key(op, attrs, in_shapes, dtype)) if profile.timings else None
+        measured = _timed(profile, op, attrs, in_shapes, dtype)
         if measured is not None:
             return Cost(measured, flops, moved, 1, measured=1)
         peak = profile.flops_per_second(dtype or "float32", conv=op == "Conv" or cost_class == "conv")
@@ -156,9 +156,22 @@ def node_cost(
     if cost_class == "gather":  # reads the rows it returns and the indices, writes them: the table stays put
         moved = 2 * out_bytes + (value_bytes(in_shapes[-1], dtype) if in_shapes else 0)
         return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
+    if cost_class == "window":  # a pool: one pass over its input and output, a compare or add per window element
+        assert out_shape is not None
+        moved = in_bytes + out_bytes
+        measured = _timed(profile, op, attrs, in_shapes, dtype)
+        flops = float(prod(out_shape) * prod(attrs[0]))
+        if measured is not None:
+            return Cost(measured, flops, moved, 1, measured=1)
+        return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, flops, moved, 1)
     # opaque primitives: one pass over their data, one kernel
     moved = in_bytes + out_bytes
     return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
+
+
+def _timed(profile: Profile, op: str, attrs: tuple, in_shapes: list[Shape | None], dtype: str | None) -> float | None:
+    """The node's seconds from the timing cache attached to the profile, if it was measured."""
+    return profile.timings.get(node_key(op, attrs, in_shapes, dtype)) if profile.timings else None
 
 
 def _epilogue_passes(op: str, attrs: tuple, profile: Profile) -> int:

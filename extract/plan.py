@@ -10,6 +10,7 @@ from eqsat.ops import OPS, infer
 from eqsat.saturate import ENode, Snapshot
 from extract.cost import Cost, Profile, node_cost, value_bytes
 from extract.extractors import extract
+from extract.timing import measurable
 
 if TYPE_CHECKING:
     from backends.memory import MemoryReport
@@ -86,7 +87,7 @@ class Plan:
             "  time             "
             + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in self.stats.items() if k.endswith("_s")),
         ]
-        contractions = [n for n in self.nodes if n.op in OPS and OPS[n.op].cost_class == "contraction"]
+        contractions = [n for n in self.nodes if measurable(n.op)]  # every kernel class the timing cache prices
         if contractions:
             lines.append(
                 f"  kernel costs     {sum(n.cost.measured for n in contractions)} of {len(contractions)} measured "
