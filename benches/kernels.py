@@ -31,8 +31,8 @@ from eqsat.measure import compare
 
 KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "ConvNeXtTiny")
 BARS = {"MobileNetV2": 6, "EfficientNetB0": 4, "MobileNetV3Small": 3, "NASNetMobile": 3, "ConvNeXtTiny": 1.8,
-        "onehot": 100, "nasnet_a": 2, "maxpool": 1.5, "sumpool": 2, "grouped56": 1, "grouped7": 1,
-        "tinybatch": 4}  # fmt: skip
+        "onehot": 100, "nasnet_a": 2, "mobilenetv2_train": 3, "maxpool": 1.5, "sumpool": 2, "grouped56": 1,
+        "grouped7": 1, "tinybatch": 4}  # fmt: skip
 
 
 def _one_hot() -> Workload:
@@ -79,11 +79,25 @@ SMALL = {  # DESIGN.md §2b's single ops
 }
 
 
+def _train_step(app: str) -> Workload:
+    """value_and_grad of a cross-entropy at fixed labels: forward, input-gradient and weight-gradient convs."""
+    model = _keras_app(app, app, batch=2)
+    labels = jnp.asarray([3, 7])
+
+    def loss(params: Any, x: jax.Array) -> jax.Array:
+        y = model.fn(params, x)
+        return -jnp.mean(jnp.log(y[jnp.arange(2), labels] + 1e-9))
+
+    return Workload(f"{app.lower()}_train", jax.value_and_grad(loss), model.args, (), f"{model.note}, training step")
+
+
 def workload(name: str) -> Workload:
     if name == "onehot":
         return _one_hot()
     if name in SMALL:
         return SMALL[name]()
+    if name == "mobilenetv2_train":
+        return _train_step("MobileNetV2")
     if name == "nasnet_a":
         return nasnet_a.build("full")
     return _keras_app(name, name, batch=2)
@@ -144,7 +158,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benches.kernels", description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="comma-separated subset of onehot,nasnet_a," + ",".join((*KERAS, *SMALL)))
+    parser.add_argument(
+        "--only", help="comma-separated subset of onehot,nasnet_a,mobilenetv2_train," + ",".join((*KERAS, *SMALL))
+    )
     parser.add_argument("--seconds", type=float, default=6.0, help="interleaved timing budget per case")
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--markdown", help="write the rows as a markdown table here")
@@ -152,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     # an empty timing cache, so the first call pays for measuring as a new user's would
     os.environ.setdefault("EQSAT_CACHE_DIR", tempfile.mkdtemp(prefix="eqsat-bench-cache-"))
     rows = []
-    for name in args.only.split(",") if args.only else ("onehot", "nasnet_a", *KERAS):
+    for name in args.only.split(",") if args.only else ("onehot", "nasnet_a", *KERAS, "mobilenetv2_train"):
         row = measure(name, args.seconds)
         rows.append(row)
         print(json.dumps(row), flush=True)

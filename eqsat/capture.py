@@ -171,25 +171,35 @@ _NHWC, _HWIO = (0, 3, 1, 2), (3, 2, 0, 1)  # (batch, feature, spatial...) specs 
 
 
 def _model_conv(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
-    """A 2-D conv_general_dilated without input dilation as an NHWC x HWIO -> NHWC Conv; other layouts (NCHW,
-    the HWOI kernels of input gradients, what vmap produces) get transposes around it, which XLA folds."""
+    """A 2-D conv_general_dilated as an NHWC x HWIO -> NHWC Conv (ConvBG where batch-grouped, as weight gradients
+    are); other layouts (NCHW, the HWOI kernels of input gradients, what vmap produces) get transposes around it,
+    which XLA folds, and an lhs_dilation (a strided conv's input gradient) is a Dilate of the input."""
     p = eqn.params
     dims = p["dimension_numbers"]
-    plain = p["batch_group_count"] == 1 and tuple(p["lhs_dilation"]) == (1, 1) and p["precision"] is None
-    if not (plain and p["preferred_element_type"] is None and len(p["window_strides"]) == 2):
+    plain = p["precision"] is None and p["preferred_element_type"] is None and len(p["window_strides"]) == 2
+    batch_groups = p["batch_group_count"]
+    if not plain or (batch_groups > 1 and p["feature_group_count"] > 1):
         return None
     x, w = (
         _to_spec(graph, node, tuple(spec), target)
         for node, spec, target in zip(inputs, (dims.lhs_spec, dims.rhs_spec), (_NHWC, _HWIO), strict=True)
     )
+    dilation = tuple(int(d) for d in p["lhs_dilation"])
+    if dilation != (1, 1):
+        src = graph.nodes[x]
+        assert src.shape is not None
+        n, h, wd, c = src.shape
+        shape = (n, (h - 1) * dilation[0] + 1, (wd - 1) * dilation[1] + 1, c)
+        x = graph.add(Node("Dilate", (x,), dilation, shape, src.dtype))
+    op, groups = ("ConvBG", batch_groups) if batch_groups > 1 else ("Conv", p["feature_group_count"])
     (pt, pb), (pl, pr) = p["padding"]
-    attrs = tuple(int(a) for a in (*p["window_strides"], pt, pb, pl, pr, *p["rhs_dilation"], p["feature_group_count"]))
+    attrs = tuple(int(a) for a in (*p["window_strides"], pt, pb, pl, pr, *p["rhs_dilation"], groups))
     out_spec = tuple(dims.out_spec)
     if out_spec == _NHWC:
-        return "Conv", attrs, [x, w]
+        return op, attrs, [x, w]
     out = eqn.outvars[0].aval
     nhwc_shape = tuple(out.shape[out_spec[k]] for k in (0, 2, 3, 1))
-    conv = graph.add(Node("Conv", (x, w), attrs, nhwc_shape, str(out.dtype)))
+    conv = graph.add(Node(op, (x, w), attrs, nhwc_shape, str(out.dtype)))
     perm = tuple(_NHWC[out_spec.index(axis)] for axis in range(4))
     return "Transpose", (perm,), [conv]
 

@@ -8,7 +8,7 @@ model and lowering all read this table.
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from math import prod
 from typing import Any
 
@@ -97,7 +97,9 @@ def _batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
 CONV_DIMS = ("NHWC", "HWIO", "NHWC")
 
 
-def _conv(attrs: tuple, x: Any, w: Any) -> Any:
+def _conv(attrs: tuple, x: Any, w: Any, group_param: str = "feature_group_count") -> Any:
+    """Conv, or with group_param="batch_group_count" ConvBG (a grouped conv's weight gradient: batch group g of x
+    feeds output group g)."""
     sh, sw, pt, pb, pl, pr, dh, dw, groups = attrs
     return lax.conv_general_dilated(
         x,
@@ -106,22 +108,38 @@ def _conv(attrs: tuple, x: Any, w: Any) -> Any:
         ((pt, pb), (pl, pr)),
         rhs_dilation=(dh, dw),
         dimension_numbers=CONV_DIMS,
-        feature_group_count=groups,
+        **{group_param: groups},
     )
+
+
+def _repeated_channels(x: Any, out_channels: int) -> Any:
+    """NHWC x with each channel repeated out_channels / C times: with a channel multiplier m, output channel o
+    reads input channel o // m."""
+    n, h, wd, channels = x.shape
+    if out_channels == channels:
+        return x
+    m = out_channels // channels
+    return lax.reshape(lax.broadcast_in_dim(x, (n, h, wd, channels, m), (0, 1, 2, 3)), (n, h, wd, out_channels))
+
+
+def _accumulating(x: Any) -> Any:
+    """x in the dtype sums accumulate in: bf16/f16 accumulate in f32, as XLA's conv kernels do."""
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def _spatially_padded(x: Any, pads: tuple[int, int, int, int]) -> Any:
+    pt, pb, pl, pr = pads
+    return lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), (pt, pb, 0), (pl, pr, 0), (0, 0, 0)])
 
 
 def _shifted_conv(attrs: tuple, x: Any, w: Any) -> Any:
     """A depthwise convolution (one input channel per group) as a sum of shifted, strided slices of the padded
     input times weight rows: XLA fuses it into one loop, where XLA:CPU's depthwise kernel runs far below roofline."""
     kh, kw, _, out_channels = w.shape
-    n, h, wd, channels = x.shape
-    if out_channels != channels:  # a channel multiplier: output channel o reads input channel o // m
-        m = out_channels // channels
-        x = lax.reshape(lax.broadcast_in_dim(x, (n, h, wd, channels, m), (0, 1, 2, 3)), (n, h, wd, out_channels))
-    acc_dtype = jnp.promote_types(x.dtype, jnp.float32)  # bf16/f16 accumulate in f32, as the conv kernel does
+    xa = _accumulating(_repeated_channels(x, out_channels))
     total = None
-    for (i, j), tap in _conv_taps(attrs, x.astype(acc_dtype), kh, kw):
-        tap = tap * w[i, j, 0].astype(acc_dtype)
+    for (i, j), tap in _conv_taps(attrs, xa, kh, kw):
+        tap = tap * w[i, j, 0].astype(xa.dtype)
         total = tap if total is None else total + tap
     return total.astype(x.dtype)
 
@@ -130,7 +148,7 @@ def _conv_taps(attrs: tuple, x: Any, kh: int, kw: int) -> list[tuple[tuple[int, 
     """The kernel offsets (i, j) of an NHWC conv with these attributes, each with the strided slice of the padded
     input it multiplies: [n, ho, wo, channels]."""
     sh, sw, pt, pb, pl, pr, dh, dw, _groups = attrs
-    xp = lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), (pt, pb, 0), (pl, pr, 0), (0, 0, 0)])
+    xp = _spatially_padded(x, (pt, pb, pl, pr))
     ho = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
     wo = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
     taps = []
@@ -139,6 +157,34 @@ def _conv_taps(attrs: tuple, x: Any, kh: int, kw: int) -> list[tuple[tuple[int, 
             limit = (x.shape[0], i * dh + sh * (ho - 1) + 1, j * dw + sw * (wo - 1) + 1, x.shape[3])
             taps.append(((i, j), lax.slice(xp, (0, i * dh, j * dw, 0), limit, (1, sh, sw, 1))))
     return taps
+
+
+def _shifted_conv_bg(attrs: tuple, x: Any, w: Any) -> Any:
+    """A ConvBG with one batch row per group, the weight gradient of a depthwise conv, as one fused
+    multiply-reduction per output position. In canonical terms x is (C, H, W, N) (the forward input, batch and
+    channels swapped) and w (kh', kw', N, O) (the output cotangent); out[0, i, j, o] = sum over n, h, v of
+    xpad[n, i*sh + h*dh, j*sw + v*dw, o // m] * g[n, h, v, o], m = O / C. XLA:CPU's batch-grouped kernel is as slow
+    as its depthwise one."""
+    sh, sw, pt, pb, pl, pr, dh, dw, _groups = attrs
+    kh, kw, n, out_channels = w.shape
+    nhwc = lax.transpose(x, (3, 1, 2, 0))
+    xp = _spatially_padded(_accumulating(_repeated_channels(nhwc, out_channels)), (pt, pb, pl, pr))
+    g = lax.transpose(w, (2, 0, 1, 3)).astype(xp.dtype)  # (N, kh', kw', O)
+    ho = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
+    wo = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
+    rows = []
+    for i in range(ho):
+        for j in range(wo):
+            start = (0, i * sh, j * sw, 0)
+            limit = (n, i * sh + dh * (kh - 1) + 1, j * sw + dw * (kw - 1) + 1, out_channels)
+            rows.append(lax.reduce_sum(lax.slice(xp, start, limit, (1, dh, dw, 1)) * g, (0, 1, 2)))
+    return lax.reshape(jnp.stack(rows), (1, ho, wo, out_channels)).astype(x.dtype)
+
+
+def _dilate(attrs: tuple, x: Any) -> Any:
+    """NHWC x with (dh - 1, dw - 1) zeros between neighbouring rows and columns: a conv's lhs_dilation."""
+    dh, dw = attrs
+    return lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), (0, 0, dh - 1), (0, 0, dw - 1), (0, 0, 0)])
 
 
 def _one_hot(attrs: tuple, ids: Any) -> Any:
@@ -167,15 +213,23 @@ def _window_room(size: str, pad_a: str, pad_b: str, kernel: str, dilation: str) 
     return f"(- (+ {size} (+ {pad_a} {pad_b})) (+ (* {dilation} (- {kernel} 1)) 1))"
 
 
-def _conv_shape_rules(name: str) -> tuple[str, ...]:
-    """NHWC x HWIO window arithmetic, for Conv and each of its alternative implementations."""
+_FEATURE_GROUPS = ("(= (vec-get sa 3) (* k8 (vec-get sb 2)))", "(vec-get sa 0)")
+# batch groups: x's batch splits into k8 groups (one row each for the shifted form), features are not grouped
+_BATCH_GROUPS = ("(= (vec-get sa 3) (vec-get sb 2)) (= 0 (% (vec-get sa 0) k8))", "(/ (vec-get sa 0) k8)")
+_BATCH_ROWS = ("(= (vec-get sa 3) (vec-get sb 2)) (= (vec-get sa 0) k8)", "1")
+
+
+def _conv_shape_rules(name: str, groups: tuple[str, str] = _FEATURE_GROUPS) -> tuple[str, ...]:
+    """NHWC x HWIO window arithmetic, for Conv, ConvBG and their alternative implementations; `groups` is the
+    grouping's guard and the output batch size."""
+    guard, batch = groups
     return (
         f"(rule ((= e ({name} k0 k1 k2 k3 k4 k5 k6 k7 k8 a b)) (= sa (shape a)) (= sb (shape b))"
-        " (= (vec-length sa) 4) (= (vec-length sb) 4) (= (vec-get sa 3) (* k8 (vec-get sb 2)))"
+        f" (= (vec-length sa) 4) (= (vec-length sb) 4) (> k8 0) {guard}"
         " (= 0 (% (vec-get sb 3) k8))"
         f" (= rh {_window_room('(vec-get sa 1)', 'k2', 'k3', '(vec-get sb 0)', 'k6')}) (>= rh 0)"
         f" (= rw {_window_room('(vec-get sa 2)', 'k4', 'k5', '(vec-get sb 1)', 'k7')}) (>= rw 0))"
-        " ((set (shape e) (vec-of (vec-get sa 0) (+ (/ rh k0) 1) (+ (/ rw k1) 1) (vec-get sb 3)))))",
+        f" ((set (shape e) (vec-of {batch} (+ (/ rh k0) 1) (+ (/ rw k1) 1) (vec-get sb 3)))))",
     )
 
 
@@ -384,6 +438,40 @@ OPS: dict[str, OpSpec] = {
                 ("PoolMaxSliced", _sliced_pool("max")),
                 ("PoolSumSliced", _sliced_pool("sum")),
             )
+        ),
+        # A batch-grouped conv, the weight gradient of a grouped one: Conv's attributes, k8 the batch_group_count
+        OpSpec(
+            "ConvBG",
+            ("i64",) * 9,
+            2,
+            "contraction",
+            partial(_conv, group_param="batch_group_count"),
+            _conv_shape_rules("ConvBG", _BATCH_GROUPS),
+            contracted=lambda shapes: prod(shapes[1][:3]),
+        ),
+        # A ConvBG with one batch row per group (a depthwise conv's weight gradient) as shifted multiply-reductions
+        OpSpec(
+            "ShiftConvBG",
+            ("i64",) * 9,
+            2,
+            "contraction",
+            _shifted_conv_bg,
+            _conv_shape_rules("ShiftConvBG", _BATCH_ROWS),
+            contracted=lambda shapes: prod(shapes[1][:3]),
+        ),
+        # (Dilate dh dw x): NHWC x with zeros between rows and columns, a conv's lhs_dilation (strided input gradients)
+        OpSpec(
+            "Dilate",
+            ("i64", "i64"),
+            1,
+            "elementwise",
+            _dilate,
+            (
+                "(rule ((= e (Dilate k0 k1 a)) (= sa (shape a)) (= (vec-length sa) 4) (>= k0 1) (>= k1 1)"
+                " (>= (vec-get sa 1) 1) (>= (vec-get sa 2) 1))"
+                " ((set (shape e) (vec-of (vec-get sa 0) (+ (* k0 (- (vec-get sa 1) 1)) 1)"
+                " (+ (* k1 (- (vec-get sa 2) 1)) 1) (vec-get sa 3)))))",
+            ),
         ),
         # (OneHot depth dtype ids): ids[...] -> [..., depth], 1 where the index matches; captured from jax.nn.one_hot
         OpSpec(

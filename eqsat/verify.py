@@ -364,12 +364,15 @@ def _conv_fn(strides: Shape, pad: str, dilation: Shape, groups: int) -> Callable
     return conv
 
 
-def _conv_params(draw: DrawFn, prog: Program, x: int, groups: int) -> tuple[Shape, Callable[[Any, Any], Any], str]:
-    """A kernel shape that fits x's spatial size (no empty outputs) and the conv, with its label."""
+def _conv_params(
+    draw: DrawFn, prog: Program, x: int, groups: int, strided: bool = False
+) -> tuple[Shape, Callable[[Any, Any], Any], str]:
+    """A kernel shape that fits x's spatial size (no empty outputs) and the conv, with its label; `strided`: a
+    stride of 2 along H at least."""
     _, h, w, cin = prog.shapes[x]
     kh, kw = draw(st.integers(1, min(3, h))), draw(st.integers(1, min(3, w)))
     dilation = (draw(st.integers(1, 2)) if 2 * (kh - 1) < h else 1, 1)
-    strides = (draw(st.integers(1, 2)), draw(st.integers(1, 2)))
+    strides = (draw(st.integers(1 + strided, 2)), draw(st.integers(1, 2)))
     pad = draw(st.sampled_from(["VALID", "SAME"]))
     label = f"conv[strides={strides} {pad} dilation={dilation} groups={groups}]"
     return (kh, kw, cin // groups, groups * draw(st.integers(1, 3))), _conv_fn(strides, pad, dilation, groups), label
@@ -432,6 +435,29 @@ def _pool(kind: str) -> Callable[[DrawFn, Program], int]:
         )
 
     return gen
+
+
+def _gen_conv_grad(draw: DrawFn, prog: Program, wrt: str, depthwise: bool) -> int:
+    """The input gradient (wrt="x") of a strided grouped conv, a conv of the lhs-dilated cotangent, or the weight
+    gradient (wrt="w"), a batch-grouped conv, as jax transposes a conv (of a depthwise one if `depthwise`): the
+    convs of a training step's backward pass."""
+    if depthwise:
+        x = prog.fresh((draw(st.integers(1, 2)), *_dims(draw, 2, 3, 7), draw(st.integers(1, 4))))
+        groups = prog.shapes[x][3]
+    else:
+        groups = 2
+        x = _conv_input(draw, prog, groups)
+    kernel, conv, label = _conv_params(draw, prog, x, groups, strided=wrt == "x")
+    x_shape = prog.shapes[x]
+    g = prog.fresh(tuple(jax.eval_shape(conv, *(jax.ShapeDtypeStruct(s, "float32") for s in (x_shape, kernel))).shape))
+
+    def transposed(fn: Callable[[Any], Any], shape: Shape, g: Any) -> Any:  # the transpose of linear fn at g
+        return jax.linear_transpose(fn, jax.ShapeDtypeStruct(shape, g.dtype))(g)[0]
+
+    if wrt == "x":
+        k = prog.pick(draw, lambda s: s == kernel, kernel)
+        return prog.apply(f"input_grad_{label}", lambda k, g: transposed(lambda v: conv(v, k), x_shape, g), k, g)
+    return prog.apply(f"weight_grad_{label}", lambda v, g: transposed(lambda k: conv(v, k), kernel, g), x, g)
 
 
 def _gen_one_hot(draw: DrawFn, prog: Program, table: bool) -> int:
@@ -633,6 +659,9 @@ GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     "PatchConv": _gen_grouped,
     "BcastBatchDot": _gen_batch_dot,
     **{f"Pool{kind.title()}{sliced}": _pool(kind) for kind in ("max", "sum") for sliced in ("", "Sliced")},
+    "Dilate": lambda draw, prog: _gen_conv_grad(draw, prog, "x", depthwise=draw(st.booleans())),
+    "ConvBG": lambda draw, prog: _gen_conv_grad(draw, prog, "w", depthwise=False),
+    "ShiftConvBG": lambda draw, prog: _gen_conv_grad(draw, prog, "w", depthwise=True),
     "OneHot": lambda draw, prog: _gen_one_hot(draw, prog, table=False),
     "Take": lambda draw, prog: _gen_one_hot(draw, prog, table=True),
     "sibling-convs": _gen_sibling_convs,

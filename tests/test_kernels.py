@@ -1,0 +1,114 @@
+"""Kernel selection for training steps: the ops that capture a depthwise conv's gradients (Dilate, ConvBG) and the
+shifted alternative of its weight gradient (ShiftConvBG) agree with lax.conv_general_dilated, and optimizing
+value_and_grad of a depthwise net rewrites its backward convs."""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import eqsat
+from eqsat.capture import capture
+from eqsat.egraph_check import evaluate
+from eqsat.ops import OPS, infer
+
+DIMS = ("NHWC", "HWIO", "NHWC")
+
+
+def _depthwise(x: Any, w: Any, stride: int, pads: tuple, dilation: int) -> Any:
+    return lax.conv_general_dilated(
+        x, w, (stride, stride), pads, rhs_dilation=(dilation, dilation), dimension_numbers=DIMS,
+        feature_group_count=x.shape[-1],
+    )  # fmt: skip
+
+
+def _captured(fn: Any, *args: Any) -> list[str]:
+    return [node.op for node in capture(jax.make_jaxpr(fn)(*args)).nodes]
+
+
+def _lowered(fn: Any, *args: Any) -> list[Any]:
+    """fn's outputs computed by its captured program, every node lowered through the op table."""
+    graph = capture(jax.make_jaxpr(fn)(*args))
+    values = evaluate(graph, args)
+    return [values[i] for i in graph.outputs]
+
+
+CASES = [  # stride, padding, rhs dilation, channel multiplier
+    (1, ((1, 1), (1, 1)), 1, 1),
+    (2, ((1, 1), (1, 1)), 1, 1),
+    (2, ((0, 1), (1, 0)), 1, 2),
+    (3, ((2, 2), (0, 0)), 2, 1),
+    (1, ((0, 0), (0, 0)), 2, 3),
+]
+
+
+@pytest.mark.parametrize(("stride", "pads", "dilation", "mult"), CASES)
+def test_gradient_convs_lower_as_lax_computes_them(stride: int, pads: tuple, dilation: int, mult: int):
+    rng = np.random.default_rng(stride * 7 + dilation + mult)
+    x = jnp.asarray(rng.standard_normal((2, 11, 10, 4)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((3, 3, 1, 4 * mult)), jnp.float32)
+    y, vjp = jax.vjp(lambda x, w: _depthwise(x, w, stride, pads, dilation), x, w)
+    g = jnp.asarray(rng.standard_normal(y.shape), jnp.float32)
+    want = vjp(g)
+    ops = _captured(vjp, g)
+    assert "ConvBG" in ops
+    assert ("Dilate" in ops) == (stride > 1)
+    got = _lowered(lambda g: vjp(g), g)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("stride", "pads", "dilation", "mult"), CASES)
+def test_shifted_weight_gradient_matches_the_batch_grouped_conv(stride: int, pads: tuple, dilation: int, mult: int):
+    rng = np.random.default_rng(stride + 3 * dilation)
+    channels = 5
+    # canonical ConvBG operands: the forward input with batch and channels swapped, the cotangent as a kernel
+    x = jnp.asarray(rng.standard_normal((channels, 12, 9, 3)), jnp.float32)
+    (pt, pb), (pl, pr) = pads
+    attrs = (dilation, dilation, pt, pb, pl, pr, stride, stride, channels)
+    window = infer("ConvBG", attrs, (((channels, 12, 9, 3), "float32"), ((3, 3, 3, channels * mult), "float32")))
+    assert window is not None and window[0][0] == 1
+    g = jnp.asarray(rng.standard_normal((3, 3, 3, channels * mult)), jnp.float32)
+    want = OPS["ConvBG"].lower(attrs, x, g)
+    got = OPS["ShiftConvBG"].lower(attrs, x, g)
+    assert got.shape == want.shape == window[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_dilate_is_lhs_dilation():
+    x = jnp.arange(2 * 3 * 4 * 2, dtype=jnp.float32).reshape(2, 3, 4, 2)
+    w = jnp.ones((2, 2, 2, 3), jnp.float32)
+    want = lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (0, 2)), lhs_dilation=(2, 3), dimension_numbers=DIMS)
+    dilated = OPS["Dilate"].lower((2, 3), x)
+    assert dilated.shape == (2, 5, 10, 2)
+    got = OPS["Conv"].lower((1, 1, 1, 1, 0, 2, 1, 1, 1), dilated, w)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_value_and_grad_of_a_depthwise_net_gets_shifted_backward_convs():
+    rng = np.random.default_rng(0)
+    # 64 channels: XLA:CPU's depthwise and batch-grouped kernels lose to the shifted forms by several times
+    x = jnp.asarray(rng.standard_normal((2, 16, 16, 64)), jnp.float32)
+    w1 = jnp.asarray(rng.standard_normal((3, 3, 1, 64)) * 0.3, jnp.float32)
+    w2 = jnp.asarray(rng.standard_normal((3, 3, 1, 64)) * 0.3, jnp.float32)
+
+    def loss(x: Any, w1: Any, w2: Any) -> Any:
+        h = jnp.tanh(_depthwise(x, w1, 2, ((1, 1), (1, 1)), 1))
+        return jnp.sum(jnp.tanh(_depthwise(h, w2, 1, ((1, 1), (1, 1)), 1)) ** 2)
+
+    step = jax.value_and_grad(loss, argnums=(0, 1, 2))
+    fast = eqsat.optimize(step)
+    got, want = fast(x, w1, w2), jax.jit(step)(x, w1, w2)
+    plan = fast.plan(x, w1, w2)
+    assert plan.fallback is None
+    ops = [node.op for node in plan.nodes]
+    # both weight gradients shifted; the two forward convs and both input gradients (the strided one's through a
+    # Dilate) too
+    kernels = [op for op in ops if op in ("Conv", "ConvBG", "ShiftConv", "ShiftConvBG")]
+    assert sorted(kernels) == ["ShiftConv"] * 4 + ["ShiftConvBG"] * 2, kernels
+    assert "Dilate" in ops
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4 * float(jnp.max(jnp.abs(a))))
