@@ -34,6 +34,7 @@ class OpSpec:
     contracted: Callable[[list[Shape]], int] | None = None  # contraction length per output element
     epilogue: bool = False  # bias and activation on the output: free where the target runs them in the GEMM
     dtype_rule: str | None = None  # egglog rule body setting (dtype e); None: the first input's dtype
+    alternative: bool = False  # another implementation of an op, put beside it by rules/kernels.egg
 
     def signature(self) -> str:
         return " ".join((*self.attrs, *("Tensor",) * self.arity))
@@ -394,6 +395,7 @@ OPS: dict[str, OpSpec] = {
             _broadcast_batch_dot,
             _batch_dot_shape_rules("BcastBatchDot"),
             contracted=lambda shapes: shapes[0][-1],
+            alternative=True,
         ),
         # NHWC x HWIO convolution: (Conv stride_h stride_w pad_top pad_bottom pad_left pad_right
         #                                dilation_h dilation_w groups x w)
@@ -416,6 +418,7 @@ OPS: dict[str, OpSpec] = {
             _shifted_conv,
             _conv_shape_rules("ShiftConv"),
             contracted=lambda shapes: prod(shapes[1][:3]),
+            alternative=True,
         ),
         # The same attributes, a grouped conv (several input channels per group) as stacked shifted patches and one
         # contraction batched over the groups.
@@ -427,11 +430,14 @@ OPS: dict[str, OpSpec] = {
             _patch_conv,
             _conv_shape_rules("PatchConv"),
             contracted=lambda shapes: prod(shapes[1][:3]),
+            alternative=True,
         ),
         # Pooling: (PoolMax window strides pad_low pad_high x), (PoolSum ...), any rank and layout (the window's
         # size-1 axes are the batch and channel ones); PoolMaxSliced / PoolSumSliced compute them over strided slices.
         *(
-            OpSpec(name, ("Shape",) * 4, 1, "window", lower, _pool_shape_rules(name))
+            OpSpec(
+                name, ("Shape",) * 4, 1, "window", lower, _pool_shape_rules(name), alternative=name.endswith("Sliced")
+            )
             for name, lower in (
                 ("PoolMax", _pool("max")),
                 ("PoolSum", _pool("sum")),
@@ -458,6 +464,7 @@ OPS: dict[str, OpSpec] = {
             _shifted_conv_bg,
             _conv_shape_rules("ShiftConvBG", _BATCH_ROWS),
             contracted=lambda shapes: prod(shapes[1][:3]),
+            alternative=True,
         ),
         # (Dilate dh dw x): NHWC x with zeros between rows and columns, a conv's lhs_dilation (strided input gradients)
         OpSpec(
@@ -494,6 +501,7 @@ OPS: dict[str, OpSpec] = {
                 "(rule ((= e (Take a b)) (= sa (shape a)) (= sb (shape b)) (>= (vec-length sa) 1))"
                 " ((set (shape e) (vec-append sb (vec-remove sa 0)))))",
             ),
+            alternative=True,
         ),
         # broadcast_in_dim: (Bcast target_shape dims a)
         OpSpec(

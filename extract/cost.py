@@ -40,6 +40,9 @@ class Profile:
     call_overhead: float = 0.0  # fixed seconds per jitted call: the same for every plan, so not priced per node
     # the device whose timing cache (extract/timing.py) prices this target's contractions, as local_device() names it
     timing_device: str = ""
+    # how much faster a measured alternative kernel must be than the one it replaces (ResNeXt-50's grouped convs as
+    # patches measured 1.0-1.2x alone and made the model 0.79x of jax.jit in context)
+    switch_margin: float = 1.3
     # measured seconds per node key (node_key), attached at planning time; they replace the roofline where present
     timings: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
@@ -170,8 +173,13 @@ def node_cost(
 
 
 def _timed(profile: Profile, op: str, attrs: tuple, in_shapes: list[Shape | None], dtype: str | None) -> float | None:
-    """The node's seconds from the timing cache attached to the profile, if it was measured."""
-    return profile.timings.get(node_key(op, attrs, in_shapes, dtype)) if profile.timings else None
+    """The node's seconds from the timing cache attached to the profile, if it was measured. An alternative
+    implementation pays the profile's switch_margin on top: a kernel measured alone, a few runs on a shared
+    machine, must beat the one it replaces clearly to be trusted in context."""
+    seconds = profile.timings.get(node_key(op, attrs, in_shapes, dtype)) if profile.timings else None
+    if seconds is not None and op in OPS and OPS[op].alternative:
+        seconds *= profile.switch_margin
+    return seconds
 
 
 def _epilogue_passes(op: str, attrs: tuple, profile: Profile) -> int:

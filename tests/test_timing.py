@@ -105,3 +105,15 @@ def test_tune_warms_and_exports(cache_dir, tmp_path, capsys):
     out = tmp_path / "export.json"
     assert main(["tune", "--export", str(out)]) == 0
     assert len(timing.parse(out.read_text(), str(out)).entries) == 2
+
+
+@pytest.mark.parametrize(("shifted", "chosen"), [(0.9, False), (0.5, True)])
+def test_an_alternative_must_beat_its_rival_by_the_switch_margin(cache_dir, shifted, chosen):
+    # measured alone on a shared machine, a 10% faster kernel is noise; twice as fast is a choice
+    entries = {_keys("Conv"): 1e-3, _keys("ShiftConv"): shifted * 1e-3}
+    (cache_dir / "made-up.json").write_text(timing.TimingCache("gpu:margin", timing.versions(), entries).to_json())
+    assert main(["tune", "--import", str(cache_dir / "made-up.json")]) == 0
+    profile = dataclasses.replace(load_profile("cpu"), timing_device="gpu:margin")
+    assert profile.switch_margin == 1.3
+    plan = eqsat.optimize(lambda x, w: depthwise(x, w), target=profile).plan(X, W)
+    assert (plan.rewritten_ops() == {"ShiftConv": 1}) is chosen
