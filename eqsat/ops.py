@@ -318,6 +318,22 @@ def _broadcast_batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
     return lax.reduce_sum(lax.mul(left, right), (n - 1,))
 
 
+def _conv_op(
+    name: str, lower: Callable[..., Any], groups: tuple[str, str] = _FEATURE_GROUPS, alternative: bool = False
+) -> OpSpec:
+    """An op with Conv's nine attributes and (x, w) inputs: Conv, ConvBG and their alternative implementations."""
+    return OpSpec(
+        name,
+        ("i64",) * 9,
+        2,
+        "contraction",
+        lower,
+        _conv_shape_rules(name, groups),
+        contracted=lambda shapes: prod(shapes[1][:3]),
+        alternative=alternative,
+    )
+
+
 def _per_rank_shape_rules(pattern: str, dim: str, max_rank: int = 6) -> tuple[str, ...]:
     """A shape rule per rank, `dim` giving output axis {i}: egglog has no map over a vector."""
     rules = []
@@ -399,39 +415,13 @@ OPS: dict[str, OpSpec] = {
         ),
         # NHWC x HWIO convolution: (Conv stride_h stride_w pad_top pad_bottom pad_left pad_right
         #                                dilation_h dilation_w groups x w)
-        OpSpec(
-            "Conv",
-            ("i64",) * 9,
-            2,
-            "contraction",
-            _conv,
-            _conv_shape_rules("Conv"),
-            contracted=lambda shapes: prod(shapes[1][:3]),
-        ),
+        _conv_op("Conv", _conv),
         # The same attributes, a depthwise conv (one input channel per group) computed as shifted multiply-adds;
         # rules/kernels.egg puts it beside the Conv it can replace, the timing cache prices both.
-        OpSpec(
-            "ShiftConv",
-            ("i64",) * 9,
-            2,
-            "contraction",
-            _shifted_conv,
-            _conv_shape_rules("ShiftConv"),
-            contracted=lambda shapes: prod(shapes[1][:3]),
-            alternative=True,
-        ),
+        _conv_op("ShiftConv", _shifted_conv, alternative=True),
         # The same attributes, a grouped conv (several input channels per group) as stacked shifted patches and one
         # contraction batched over the groups.
-        OpSpec(
-            "PatchConv",
-            ("i64",) * 9,
-            2,
-            "contraction",
-            _patch_conv,
-            _conv_shape_rules("PatchConv"),
-            contracted=lambda shapes: prod(shapes[1][:3]),
-            alternative=True,
-        ),
+        _conv_op("PatchConv", _patch_conv, alternative=True),
         # Pooling: (PoolMax window strides pad_low pad_high x), (PoolSum ...), any rank and layout (the window's
         # size-1 axes are the batch and channel ones); PoolMaxSliced / PoolSumSliced compute them over strided slices.
         *(
@@ -446,26 +436,9 @@ OPS: dict[str, OpSpec] = {
             )
         ),
         # A batch-grouped conv, the weight gradient of a grouped one: Conv's attributes, k8 the batch_group_count
-        OpSpec(
-            "ConvBG",
-            ("i64",) * 9,
-            2,
-            "contraction",
-            partial(_conv, group_param="batch_group_count"),
-            _conv_shape_rules("ConvBG", _BATCH_GROUPS),
-            contracted=lambda shapes: prod(shapes[1][:3]),
-        ),
+        _conv_op("ConvBG", partial(_conv, group_param="batch_group_count"), _BATCH_GROUPS),
         # A ConvBG with one batch row per group (a depthwise conv's weight gradient) as shifted multiply-reductions
-        OpSpec(
-            "ShiftConvBG",
-            ("i64",) * 9,
-            2,
-            "contraction",
-            _shifted_conv_bg,
-            _conv_shape_rules("ShiftConvBG", _BATCH_ROWS),
-            contracted=lambda shapes: prod(shapes[1][:3]),
-            alternative=True,
-        ),
+        _conv_op("ShiftConvBG", _shifted_conv_bg, _BATCH_ROWS, alternative=True),
         # (Dilate dh dw x): NHWC x with zeros between rows and columns, a conv's lhs_dilation (strided input gradients)
         OpSpec(
             "Dilate",

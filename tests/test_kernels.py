@@ -105,10 +105,14 @@ def test_value_and_grad_of_a_depthwise_net_gets_shifted_backward_convs():
     plan = fast.plan(x, w1, w2)
     assert plan.fallback is None
     ops = [node.op for node in plan.nodes]
-    # both weight gradients shifted; the two forward convs and both input gradients (the strided one's through a
-    # Dilate) too
+    # the two forward convs and both input gradients (the strided one's through a Dilate) shifted: XLA:CPU's
+    # depthwise kernel loses by an order of magnitude here, so the choice holds under any load
     kernels = [op for op in ops if op in ("Conv", "ConvBG", "ShiftConv", "ShiftConvBG")]
-    assert sorted(kernels) == ["ShiftConv"] * 4 + ["ShiftConvBG"] * 2, kernels
+    assert kernels.count("ShiftConv") == 4 and "Conv" not in kernels, kernels
     assert "Dilate" in ops
+    # both weight gradients have their shifted rival; which one runs is the timing cache's call (several times
+    # apart on a quiet machine, closer under load, and an alternative must win by the switch margin)
+    assert plan.rules_fired["depthwise-grad-shifted"] >= 2
+    assert sorted(kernels.count(op) for op in ("ConvBG", "ShiftConvBG")) in ([0, 2], [1, 1]), kernels
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4 * float(jnp.max(jnp.abs(a))))
