@@ -6,12 +6,33 @@ plan = fast.plan(*args)          # the extracted plan for these argument shapes
 eqsat.compare(plan_a, plan_b)    # plans side by side
 """
 
-from backends.memory import fit_budget
-from eqsat.api import EqsatWarning, Optimized, optimize
-from eqsat.errors import CaptureError, EqsatError, RuleError, ShapeConflictError
-from eqsat.saturate import Limits
-from extract.plan import Plan
-from extract.report import compare
+import importlib
+from typing import Any
+
+# Names load on first use (PEP 562), so that a lower layer (extract.cost, importing eqsat.ops) can be imported on
+# its own without pulling in the API above it, whose imports lead back to that layer.
+_HOMES = {
+    "fit_budget": "backends.memory",
+    "EqsatWarning": "eqsat.api",
+    "Optimized": "eqsat.api",
+    "optimize": "eqsat.api",
+    "CaptureError": "eqsat.errors",
+    "EqsatError": "eqsat.errors",
+    "RuleError": "eqsat.errors",
+    "ShapeConflictError": "eqsat.errors",
+    "Limits": "eqsat.saturate",
+    "Plan": "extract.plan",
+    "compare": "extract.report",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'eqsat' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOMES[name]), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CaptureError",
