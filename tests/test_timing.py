@@ -38,10 +38,11 @@ def test_kernel_choices_are_measured_once_and_kept(cache_dir):
     np.testing.assert_allclose(fast(X, W), depthwise(X, W), rtol=1e-5, atol=1e-5)
     plan = fast.plan(X, W)
     assert plan.stats["timing_measured"] == 2 and plan.stats["timing_hits"] == 0
-    assert plan.rewritten_ops() == {"ShiftConv": 1}  # XLA:CPU's depthwise kernel is far slower
     stored = timing.parse((cache_dir / "timing" / "cpu_cpu.json").read_text(), "cache")
-    assert {_keys("Conv"), _keys("ShiftConv")} <= set(stored.entries)
-    assert stored.entries[_keys("Conv")] > stored.entries[_keys("ShiftConv")]
+    conv, shifted = stored.entries[_keys("Conv")], stored.entries[_keys("ShiftConv")]
+    # the plan follows what was measured (which side wins is load's call here; benches/kernels.py measures it)
+    margin = load_profile("cpu").switch_margin
+    assert (plan.rewritten_ops() == {"ShiftConv": 1}) is (shifted * margin < conv), (conv, shifted)
     again = eqsat.optimize(lambda x, w: depthwise(x, w)).plan(X, W)
     assert again.stats["timing_measured"] == 0 and again.stats["timing_hits"] == 2
     assert "1 of 1 measured" in again.summary()
