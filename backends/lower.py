@@ -5,8 +5,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from eqsat.extract.plan import Plan
 from eqsat.ops import OPS
-from extract.plan import Plan
 
 
 def lower(plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int] = ()) -> Callable[..., list[Any]]:

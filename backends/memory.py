@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
-from extract.cost import value_bytes
+from eqsat.extract.cost import value_bytes
 
 if TYPE_CHECKING:  # at runtime only duck-typed, so that extract.plan may import this module
-    from extract.plan import Plan
+    from eqsat.extract.plan import Plan
 
 MEMORY_OPTIMIZED = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
 
@@ -289,7 +289,7 @@ def segmented(
     Under jax.grad only segment boundaries (and the arguments) are saved; each segment is recomputed in the
     backward pass. The plan must have no effects (they would be recomputed too).
     """
-    from backends.lower import lower  # here: backends.lower imports extract.plan, which may import this module
+    from eqsat.backends.lower import lower  # here: backends.lower imports extract.plan, which may import this module
 
     if plan.effects:
         raise ValueError("a plan with effects cannot be split into rematerialized segments")

@@ -9,8 +9,12 @@ Prints one line per case: what was optimized, how (target, parameters prepared o
 
 import argparse
 
-from benches.examples import EXAMPLES
-from benches.versus import against_jit
+from benches.models import nasrnn
+from eqsat.examples import EXAMPLES
+from eqsat.versus import against_jit
+
+# the demo's examples and five NasRNN steps, the published NasRNN benchmark
+WORKLOADS = {**EXAMPLES, "nasrnn_5_steps": nasrnn.build}
 
 # name -> (example, target, parameters prepared, the bar)
 CASES: dict[str, tuple[str, str, bool, str]] = {
@@ -32,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for name in args.only.split(",") if args.only else CASES:
         example, target, prepared, bar = CASES[name]
-        work = EXAMPLES[example]("full")
+        work = WORKLOADS[example]("full")
         timing, fast = against_jit(work, target, prepared, args.seconds)
         plan = fast.plan(*work.args)
         how = f"target {target}{', prepared' if prepared else ''}"

@@ -15,13 +15,13 @@ import jax
 
 from benches.models.registry import MODELS
 from eqsat.capture import capture
-from eqsat.rules import collect
+from eqsat.extract.cost import load_profile
+from eqsat.extract.extractors import dag_cost, extract
+from eqsat.extract.greedy import greedy_dag
+from eqsat.extract.ilp import ilp_extract
+from eqsat.extract.plan import extraction_problem
+from eqsat.rule_sources import collect
 from eqsat.saturate import Limits, saturate
-from extract.cost import load_profile
-from extract.extractors import dag_cost, extract
-from extract.greedy import greedy_dag
-from extract.ilp import ilp_extract
-from extract.plan import extraction_problem
 
 
 def main(argv: list[str] | None = None) -> int:

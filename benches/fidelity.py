@@ -29,14 +29,14 @@ import numpy as np
 from scipy.stats import spearmanr
 
 import eqsat
-from backends.lower import lower
 from benches.models import layers as L
-from benches.workload import Workload
+from eqsat.backends.lower import lower
+from eqsat.extract.cost import Profile, calibrated_path, load_bundled, load_profile, node_cost
+from eqsat.extract.plan import Plan
+from eqsat.extract.timing import attached
 from eqsat.measure import median_time
-from eqsat.rules import builtin_groups
-from extract.cost import Profile, calibrated_path, load_bundled, load_profile, node_cost
-from extract.plan import Plan
-from extract.timing import attached
+from eqsat.rule_sources import builtin_groups
+from eqsat.workload import Workload
 
 # (label, target, disabled rule groups, extractor): how one workload yields several plans. "none" disables every
 # group, giving the original program; a100 plans keep the GEMM merges that the cpu profile turns off.
@@ -102,10 +102,10 @@ def _depthwise(stride: int) -> Callable[[Any, Any], Any]:
 
 
 def workloads(quick: bool) -> Iterator[Workload]:
-    from benches.examples import EXAMPLES
+    from benches.acceptance import WORKLOADS
     from benches.models.registry import MODELS
 
-    for build in EXAMPLES.values():
+    for build in WORKLOADS.values():
         yield build("small")
         yield build("full")
     yield from _sub_blocks(quick)

@@ -26,8 +26,8 @@ import numpy as np
 import eqsat
 from benches.models import nasnet_a
 from benches.real_models import _keras_app
-from benches.workload import Workload
 from eqsat.measure import compare
+from eqsat.workload import Workload
 
 KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "ConvNeXtTiny")
 BARS = {"MobileNetV2": 6, "EfficientNetB0": 4, "MobileNetV3Small": 3, "NASNetMobile": 3, "ConvNeXtTiny": 1.8,

@@ -10,8 +10,16 @@ memory-aware order, and XLA's own figure (argument + output - alias + temp). The
 import argparse
 
 import eqsat
-from backends.memory import best_fit, fit_budget, liveness, lower_bound, memory_schedule, schedule_peak, xla_figure
 from benches.models.registry import MODELS
+from eqsat.backends.memory import (
+    best_fit,
+    fit_budget,
+    liveness,
+    lower_bound,
+    memory_schedule,
+    schedule_peak,
+    xla_figure,
+)
 
 MIB = 2**20
 

@@ -18,7 +18,7 @@ from eqsat.measure import compare
 
 def without_pools() -> str:
     """rules/kernels.egg with its pool rules (each rule a blank-line-separated paragraph) left out."""
-    text = resources.files("rules").joinpath("kernels.egg").read_text()
+    text = resources.files("eqsat.rules").joinpath("kernels.egg").read_text()
     return "\n\n".join(p for p in re.split(r"\n\s*\n", text) if "Pool" not in p)
 
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benches.workload import Workload
+from eqsat.workload import Workload
 
 SEED = 0
 

@@ -19,11 +19,11 @@ from typing import Any
 import jax
 
 import eqsat
-from backends.memory import xla_figure
-from benches.versus import against_jit
-from benches.workload import Workload
 from eqsat import progress
-from extract.cost import class_of
+from eqsat.backends.memory import xla_figure
+from eqsat.extract.cost import class_of
+from eqsat.versus import against_jit
+from eqsat.workload import Workload
 
 
 def measure(work: Workload, seconds: float, prepare: bool, target: str = "cpu") -> dict[str, Any]:

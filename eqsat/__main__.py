@@ -8,8 +8,8 @@ from eqsat.progress import configure_logging
 
 
 def demo(args: argparse.Namespace) -> int:
-    from benches.examples import EXAMPLES
-    from benches.versus import against_jit
+    from eqsat.examples import EXAMPLES
+    from eqsat.versus import against_jit
 
     names = args.model or list(EXAMPLES)
     for name in names:
@@ -27,7 +27,7 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def compare_plans(args: argparse.Namespace) -> int:
-    from extract.report import PlanFormatError, compare, load_plan
+    from eqsat.extract.report import PlanFormatError, compare, load_plan
 
     try:
         plans = [load_plan(path) for path in args.plans]
@@ -40,7 +40,7 @@ def compare_plans(args: argparse.Namespace) -> int:
 
 
 def calibrate(args: argparse.Namespace) -> int:
-    from extract.calibrate import calibrate, summary
+    from eqsat.extract.calibrate import calibrate, summary
 
     print(summary(calibrate(args.seconds, args.out)))
     return 0

@@ -23,19 +23,18 @@ from jax._src import api_util  # jax.jit's own argnums resolution
 from jax.core import ShapedArray
 from jax.extend import core as jcore
 
-from backends.lower import lower, weight_boundary
-from backends.memory import MEMORY_OPTIMIZED, MemoryReport, figure_of, fit_budget, memory_report
-from eqsat import progress
-from eqsat import rules as rule_sources
+from eqsat import progress, rule_sources
+from eqsat.backends.lower import lower, weight_boundary
+from eqsat.backends.memory import MEMORY_OPTIMIZED, MemoryReport, figure_of, fit_budget, memory_report
 from eqsat.capture import capture
 from eqsat.egraph_check import check_egraph
 from eqsat.errors import EqsatError
+from eqsat.extract.cost import Cost, load_profile
+from eqsat.extract.plan import Plan, build_plan
+from eqsat.extract.timing import priced
 from eqsat.ir import Graph, Opaque
 from eqsat.measure import median_time
 from eqsat.saturate import Limits, saturate
-from extract.cost import Cost, load_profile
-from extract.plan import Plan, build_plan
-from extract.timing import priced
 
 log = logging.getLogger("eqsat")
 

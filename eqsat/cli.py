@@ -19,11 +19,11 @@ examples:
   python -m eqsat optimize --bench bert --target h100 --params-argnums 0 --json bert_h100.json
   python -m eqsat compare bert_cpu.json bert_h100.json
   python -m eqsat optimize mypkg.model:forward --args f32[64,1024] f32[1024,1024] --measure
-  python -m eqsat optimize benches.examples:matmul_chain --dot plan.dot   # a factory returning a Workload
+  python -m eqsat optimize eqsat.examples:matmul_chain --dot plan.dot   # a factory returning a Workload
 
 The function is captured, saturated under the rules, and the cheapest plan for the target extracted and
 validated against the original on the example arguments. Without --args, MODULE:FUNCTION must be a factory
-that takes no arguments and returns a benches.workload.Workload (function and example arguments together).
+that takes no arguments and returns a eqsat.workload.Workload (function and example arguments together).
 """
 
 # Short dtype names people write in shape specs, and numpy's full names (float32, int8, ...) also work.
@@ -113,7 +113,7 @@ def _bench(name: str, scale: str) -> Any:
 
 def workload(args: argparse.Namespace) -> Any:
     """The Workload the options name: a benchmark, a function with --args, or a factory returning one."""
-    from benches.workload import Workload
+    from eqsat.workload import Workload
 
     if (args.bench is None) == (args.function is None):
         raise UsageError("give either MODULE:FUNCTION or --bench NAME (one, not both)")
@@ -134,7 +134,7 @@ def workload(args: argparse.Namespace) -> Any:
         ) from None
     if not isinstance(made, Workload):
         raise UsageError(
-            f"{args.function}() returned a {type(made).__name__}, not a benches.workload.Workload; to optimize "
+            f"{args.function}() returned a {type(made).__name__}, not a eqsat.workload.Workload; to optimize "
             "the function itself, describe its arguments with --args"
         )
     return made
@@ -161,9 +161,9 @@ def _optimize(args: argparse.Namespace) -> int:
     import eqsat
     from eqsat import progress
     from eqsat.api import _merge_params
+    from eqsat.extract import report
+    from eqsat.extract.cost import load_profile
     from eqsat.measure import compare
-    from extract import report
-    from extract.cost import load_profile
 
     try:
         load_profile(args.target)
@@ -228,7 +228,7 @@ def _write(path: Path, text: str) -> Path:
 
 def add_optimize_command(commands: Any) -> None:
     """Register `optimize` on the CLI's subparsers."""
-    from extract.cost import profile_names
+    from eqsat.extract.cost import profile_names
 
     p = commands.add_parser(
         "optimize",
@@ -339,7 +339,7 @@ def run_tune(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from extract import timing
+    from eqsat.extract import timing
 
     if args.import_file:
         incoming = timing.parse(Path(args.import_file).read_text(), args.import_file)
@@ -364,7 +364,7 @@ def _tune(args: argparse.Namespace) -> int:
 def _warm(args: argparse.Namespace) -> int:
     import eqsat
     from eqsat import progress
-    from extract.cost import load_profile
+    from eqsat.extract.cost import load_profile
 
     try:
         profile = load_profile(args.target)

@@ -16,7 +16,7 @@ from eqsat import progress
 from eqsat.encode import ANALYSIS, FACTS, encode, prelude
 from eqsat.errors import ShapeConflictError
 from eqsat.ir import Graph
-from eqsat.rules import RuleSource, describe
+from eqsat.rule_sources import RuleSource, describe
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from eqsat.egraph_check import Disagreement, check_egraph
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from eqsat.ops import OPS
-from eqsat.rules import RuleSource, builtin_groups, collect, keeping, real_rules, rule_names, rules_in
+from eqsat.rule_sources import RuleSource, builtin_groups, collect, keeping, real_rules, rule_names, rules_in
 from eqsat.saturate import Limits, Snapshot, saturate
 
 Shape = tuple[int, ...]

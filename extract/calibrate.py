@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from eqsat.extract.cost import Profile, calibrated_path, load_bundled
 from eqsat.measure import median_time
-from extract.cost import Profile, calibrated_path, load_bundled
 
 _GEMM_SIZES = (256, 512, 1024)
 _GEMV_SHAPES = ((1, 1024, 1024), (1, 2048, 2048), (8, 1024, 1024), (64, 512, 512))  # (M, K, N)

@@ -74,7 +74,7 @@ class Cost:
 
 
 def profile_names() -> list[str]:
-    return sorted(Path(e.name).stem for e in resources.files("extract").joinpath("profiles").iterdir())
+    return sorted(Path(e.name).stem for e in resources.files("eqsat.extract").joinpath("profiles").iterdir())
 
 
 def cache_dir() -> Path:
@@ -107,7 +107,7 @@ _KNOWLEDGE = ("disabled_rules", "notes")  # bundled facts about a target, never 
 
 
 def load_bundled(target: str) -> Profile:
-    entry = resources.files("extract").joinpath("profiles", f"{target}.json")
+    entry = resources.files("eqsat.extract").joinpath("profiles", f"{target}.json")
     if not entry.is_file():
         raise ValueError(f"unknown target {target!r}; the device profiles are {profile_names()}")
     return _from_json(entry.read_text())

@@ -7,7 +7,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from extract.greedy import greedy_dag
+from eqsat.extract.greedy import greedy_dag
 
 if TYPE_CHECKING:  # importing eqsat at run time would pull in jax and import extract.plan back
     from eqsat.saturate import ENode
@@ -215,7 +215,7 @@ def extract(
         report["shared_cost"] = dag_cost(nodes, costs, choice, roots)
         report["method"] = "greedy+share" if report["shared_cost"] < report["greedy_cost"] else "greedy"
     if method == "ilp" or (method == "auto" and len(nodes) <= AUTO_ILP_MAX_NODES):
-        from extract.ilp import ilp_extract  # only here: it imports scipy (0.5 s) and dag_cost from this module
+        from eqsat.extract.ilp import ilp_extract  # only here: it imports scipy (0.5 s) and dag_cost from this module
 
         start = time.perf_counter()
         ilp_choice, ilp_cost, report["optimal"] = ilp_extract(nodes, costs, roots, time_limit, warm_start=choice)

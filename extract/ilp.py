@@ -16,7 +16,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
-from extract.extractors import dag_cost, reachable
+from eqsat.extract.extractors import dag_cost, reachable
 
 if TYPE_CHECKING:
     from eqsat.saturate import ENode

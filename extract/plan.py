@@ -5,15 +5,15 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from eqsat.extract.cost import Cost, Profile, node_cost, value_bytes
+from eqsat.extract.extractors import extract
+from eqsat.extract.timing import measurable
 from eqsat.ir import Graph, Shape
 from eqsat.ops import OPS, infer
 from eqsat.saturate import ENode, Snapshot
-from extract.cost import Cost, Profile, node_cost, value_bytes
-from extract.extractors import extract
-from extract.timing import measurable
 
 if TYPE_CHECKING:
-    from backends.memory import MemoryReport
+    from eqsat.backends.memory import MemoryReport
 
 _STRUCTURAL = {"TCons", "TNil", "Get", "Var"}  # carry no cost and need no shape check
 

@@ -16,9 +16,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from eqsat.extract.cost import Cost
+from eqsat.extract.plan import Plan, PlanNode, reachable
 from eqsat.ir import Graph, Node, Opaque, Shape
-from extract.cost import Cost
-from extract.plan import Plan, PlanNode, reachable
 
 FORMAT = "eqsat-plan"
 VERSION = 1

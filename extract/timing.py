@@ -21,10 +21,10 @@ import jaxlib
 import numpy as np
 
 from eqsat import progress
+from eqsat.extract.cost import Profile, cache_dir, node_key
 from eqsat.measure import median_time
 from eqsat.ops import OPS
 from eqsat.saturate import Snapshot
-from extract.cost import Profile, cache_dir, node_key
 
 FORMAT = 1
 Shape = tuple[int, ...]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import eqsat
-from benches.examples import EXAMPLES
+from benches.acceptance import WORKLOADS
 
 
 def _close(a, b, rtol=2e-3):
@@ -27,9 +27,9 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_examples_rewrite_and_match(name):
-    work = EXAMPLES[name]("small")
+    work = WORKLOADS[name]("small")
     target, op = EXPECTED[name]
     fast = eqsat.optimize(work.fn, target=target, params_argnums=work.params_argnums)
     run = fast.prepare(*[work.args[i] for i in work.params_argnums]) if work.params_argnums else fast
@@ -43,13 +43,13 @@ def test_examples_rewrite_and_match(name):
 
 def test_conv_bn_fold_is_not_chosen_on_cpu():
     """Measured 0.97-0.99x on XLA:CPU (it fuses the affine epilogue): the cpu profile switches the fold group off."""
-    work = EXAMPLES["conv_bn"]("small")
+    work = WORKLOADS["conv_bn"]("small")
     plan = eqsat.optimize(work.fn, params_argnums=0).plan(*work.args)
     assert plan.unchanged and "fold-scale-into-conv" not in plan.rules_fired
 
 
 def test_matmul_chain_is_reassociated():
-    work = EXAMPLES["matmul_chain"]("full")
+    work = WORKLOADS["matmul_chain"]("full")
     plan = eqsat.optimize(work.fn).plan(*work.args)
     assert plan.predicted.flops < plan.original.flops / 20
     assert {"dot-assoc-right", "dot-assoc-left"} & set(plan.rules_fired)
@@ -168,7 +168,7 @@ def test_validate_false_skips_the_check():
 
 @pytest.mark.parametrize("target", ["cpu", "a100", "h100", "h200", "tpu-v5e"])
 def test_targets_plan_and_run_here(target):
-    work = EXAMPLES["distributivity"]("small")
+    work = WORKLOADS["distributivity"]("small")
     fast = eqsat.optimize(work.fn, target=target)
     _close(fast(*work.args), work.fn(*work.args))
     assert fast.plan(*work.args).target == target
@@ -176,14 +176,14 @@ def test_targets_plan_and_run_here(target):
 
 @pytest.mark.parametrize("extractor", ["greedy", "ilp", "auto"])
 def test_extractors_agree_on_the_examples(extractor):
-    work = EXAMPLES["matmul_chain"]("small")
+    work = WORKLOADS["matmul_chain"]("small")
     plan = eqsat.optimize(work.fn, extractor=extractor).plan(*work.args)
     assert plan.extraction["method"] in {"greedy", "greedy+share", "ilp"}
     assert plan.rewritten_ops().get("Dot") == 2
 
 
 def test_prepare_computes_weights_once_and_matches():
-    work = EXAMPLES["distributivity"]("small")
+    work = WORKLOADS["distributivity"]("small")
     fast = eqsat.optimize(lambda w, x: x @ w["a"] + x @ w["b"], params_argnums=0)
     x, w1, w2 = work.args
     params = {"a": w1, "b": w2}
@@ -231,7 +231,7 @@ def test_bodies_of_scan_while_cond_and_remat_are_optimized():
 
 
 def test_memory_report_in_the_plan():
-    work = EXAMPLES["distributivity"]("small")
+    work = WORKLOADS["distributivity"]("small")
     fast = eqsat.optimize(work.fn)
     report = fast.memory(*work.args)
     assert report.lower_bound <= report.planned_peak <= 1.05 * report.lower_bound
@@ -242,7 +242,7 @@ def test_memory_report_in_the_plan():
 def test_bert_qkv_merged_for_h100_not_for_cpu():
     """Q/K/V projections share their input (BERT's shapes: seq 64, hidden 1024): one GEMM pays where launches
     cost (h100); on XLA:CPU the cost model keeps three."""
-    from extract.report import diff
+    from eqsat.extract.report import diff
 
     def qkv(w, x):
         q, k, v = ((x @ w[n] + w["b" + n]).reshape(64, 16, 64).transpose(1, 0, 2) for n in ("q", "k", "v"))
@@ -328,7 +328,7 @@ def test_batchnorm_after_a_biased_dense_layer_folds_into_weights_and_one_bias():
 
 
 def test_autotune_measures_candidates_and_records_them():
-    work = EXAMPLES["distributivity"]("small")
+    work = WORKLOADS["distributivity"]("small")
     fast = eqsat.optimize(work.fn, autotune=3)
     _close(fast(*work.args), work.fn(*work.args))
     rows = fast.plan(*work.args).autotune

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from benches.models.registry import MODELS
-from benches.workload import Workload
+from eqsat.workload import Workload
 
 # Output shapes at scale="small" (train_step is checked separately).
 SMALL_OUT = {

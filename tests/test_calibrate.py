@@ -6,7 +6,7 @@ import math
 import pytest
 
 import eqsat  # noqa: F401 - first: extract.cost imported alone would meet eqsat's import cycle half-way
-from extract.cost import load_bundled, load_profile, node_cost
+from eqsat.extract.cost import load_bundled, load_profile, node_cost
 
 
 @pytest.fixture
@@ -16,7 +16,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_calibrate_writes_a_profile_that_load_profile_prefers(cache):
-    from extract.calibrate import calibrate, summary
+    from eqsat.extract.calibrate import calibrate, summary
 
     assert load_profile("cpu") == load_bundled("cpu")  # nothing calibrated yet
     written = calibrate(seconds_budget=1.0, scale=1 / 16)
@@ -45,8 +45,8 @@ def test_older_profile_json_still_loads(cache):
 
 
 def test_fidelity_is_computed_on_tiny_candidates(cache):
-    from benches.examples import EXAMPLES
     from benches.fidelity import VARIANTS, candidates, evaluate
+    from eqsat.examples import EXAMPLES
 
     works = [EXAMPLES["matmul_chain"]("small"), EXAMPLES["distributivity"]("small")]
     cands = candidates(works, [v for v in VARIANTS if v[0] in ("cpu", "none")])

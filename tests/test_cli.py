@@ -14,7 +14,7 @@ from rich.progress import Progress
 import eqsat
 from eqsat import progress
 from eqsat.__main__ import main
-from extract import report
+from eqsat.extract import report
 
 
 def tiny(x: jnp.ndarray, w1: jnp.ndarray, w2: jnp.ndarray) -> jnp.ndarray:

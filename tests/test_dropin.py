@@ -16,7 +16,7 @@ from jax import lax
 
 import eqsat
 from eqsat.__main__ import main
-from extract import report
+from eqsat.extract import report
 
 A, V = jnp.linspace(-1, 1, 32 * 32).reshape(32, 32), jnp.linspace(0, 1, 32 * 4).reshape(32, 4)
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eqsat.extract.extractors import dag_cost, extract, reachable
+from eqsat.extract.greedy import greedy_dag
+from eqsat.extract.ilp import ilp_extract
 from eqsat.saturate import ENode
-from extract.extractors import dag_cost, extract, reachable
-from extract.greedy import greedy_dag
-from extract.ilp import ilp_extract
 
 COSTS = st.sampled_from([0.0, 1.0, 1.0, 2.0, 3.5, 10.0, math.inf])
 
@@ -153,7 +153,7 @@ def test_greedy_is_fast_on_20k_nodes() -> None:
 def test_incremental_dag_cost_matches_a_full_walk(graph, rng) -> None:
     """The sharing pass prices switches by reference counts (_Dag); once settled (checked by a full walk, which
     also collects a dropped cycle that kept its own references), its total is the DAG cost."""
-    from extract.extractors import _Dag
+    from eqsat.extract.extractors import _Dag
 
     nodes, costs, roots = graph
     finite = [i for i in range(len(nodes)) if math.isfinite(costs[i])]

@@ -15,8 +15,8 @@ from jax import lax
 import eqsat
 from eqsat.capture import capture
 from eqsat.egraph_check import evaluate
+from eqsat.extract import timing
 from eqsat.ops import OPS, infer
-from extract import timing
 
 DIMS = ("NHWC", "HWIO", "NHWC")
 

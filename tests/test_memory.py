@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import eqsat
-from backends import memory as M
 from benches.models.registry import MODELS
+from eqsat.backends import memory as M
 
 
 @functools.cache

@@ -16,7 +16,7 @@ import eqsat
 from eqsat.capture import capture
 from eqsat.ir import Graph
 from eqsat.ops import OPS, infer
-from eqsat.rules import collect
+from eqsat.rule_sources import collect
 from eqsat.saturate import Limits, Snapshot, saturate
 
 RNG = np.random.default_rng(0)

@@ -14,9 +14,9 @@ import pytest
 from rich.console import Console
 
 import eqsat
-from benches.examples import EXAMPLES
-from extract import report
-from extract.plan import Plan, PlanNode
+from eqsat.examples import EXAMPLES
+from eqsat.extract import report
+from eqsat.extract.plan import Plan, PlanNode
 
 CHROMIUM = "/usr/bin/chromium"
 

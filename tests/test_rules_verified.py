@@ -9,7 +9,7 @@ from jax import lax
 from eqsat.__main__ import main
 from eqsat.egraph_check import tolerance
 from eqsat.ops import OPS
-from eqsat.rules import RuleSource, collect, real_rules
+from eqsat.rule_sources import RuleSource, collect, real_rules
 from eqsat.verify import GENERATORS, Program, check_program, check_rules, programs
 
 UNSOUND_SUB = '(rewrite (Sub a b) (Sub b a) :name "unsound-sub")'
@@ -84,7 +84,7 @@ def test_builtin_rules_all_fire_and_agree(capsys):
 
 
 def test_rules_no_generator_reaches_are_checked_on_their_own_pattern():
-    from eqsat.rules import rules_in
+    from eqsat.rule_sources import rules_in
     from eqsat.verify import pattern_programs
 
     for text, sound in [

@@ -11,8 +11,8 @@ from jax import lax
 
 import eqsat
 from eqsat.__main__ import main
-from extract import timing
-from extract.cost import load_profile, node_key
+from eqsat.extract import timing
+from eqsat.extract.cost import load_profile, node_key
 
 X = jnp.asarray(np.random.default_rng(0).standard_normal((2, 40, 40, 16)), jnp.float32)
 W = jnp.asarray(np.random.default_rng(1).standard_normal((3, 3, 1, 16)), jnp.float32)

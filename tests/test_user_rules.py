@@ -10,7 +10,7 @@ import pytest
 
 import eqsat
 from eqsat.capture import capture
-from eqsat.rules import RuleSource, collect
+from eqsat.rule_sources import RuleSource, collect
 from eqsat.saturate import saturate
 
 NEVER_SATURATES = "(rule ((= e (Exp x))) ((union e (Exp (Neg (Neg x))))){ruleset})"

@@ -9,7 +9,7 @@ dropout (inference).
 import jax
 
 from benches.models import layers as L
-from benches.workload import Workload
+from eqsat.workload import Workload
 
 STAGES = ((64, 2), (128, 2), (256, 4), (512, 4), (512, 4))
 

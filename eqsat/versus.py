@@ -6,8 +6,8 @@ from typing import Any
 import jax
 
 import eqsat
-from benches.workload import Workload
 from eqsat.measure import Comparison, compare
+from eqsat.workload import Workload
 
 
 def against_jit(

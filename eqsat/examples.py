@@ -1,14 +1,18 @@
 """Small workloads with a known win (../shared/DESIGN.md §2, the issues' acceptance cases): what the demo and the
-acceptance script run. nasrnn_cell, inception_siblings and conv_bn ignore `scale`: their shapes are the published
-ones."""
+acceptance script run; they ship with the package so that the installed demo runs without the repository.
+nasrnn_cell, inception_siblings and conv_bn ignore `scale`: their shapes are the published ones."""
 
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
-from benches.models import layers, nasrnn
-from benches.workload import Workload
+from eqsat.workload import Workload
+
+
+def _conv(x: jax.Array, w: jax.Array) -> jax.Array:
+    return lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
 def matmul_chain(scale: str = "full") -> Workload:
@@ -52,7 +56,7 @@ def inception_siblings(scale: str = "full") -> Workload:
     x = jax.random.normal(keys[4], (1, 35, 35, 192))
 
     def siblings(p: Any, x: jax.Array) -> jax.Array:
-        return jnp.concatenate([layers.conv2d(x, p[f"w{i}"]) for i in range(4)], axis=-1)
+        return jnp.concatenate([_conv(x, p[f"w{i}"]) for i in range(4)], axis=-1)
 
     return Workload("inception_siblings", siblings, (params, x), (0,), "four sibling 1x1 convs, 35x35x192, concat")
 
@@ -66,14 +70,17 @@ def conv_bn(scale: str = "full") -> Workload:
     }
     x = jax.random.normal(keys[3], (1, 56, 56, 64))
     note = "conv 3x3 56x56x64 + BatchNorm (inference) + relu"
-    return Workload("conv_bn_relu", lambda p, x: layers.conv_bn(x, p), (params, x), (0,), note)
+
+    def block(p: Any, x: jax.Array) -> jax.Array:
+        return jax.nn.relu(_conv(x, p["conv"]["w"]) * p["bn"]["scale"] + p["bn"]["shift"])
+
+    return Workload("conv_bn_relu", block, (params, x), (0,), note)
 
 
 EXAMPLES = {
     "matmul_chain": matmul_chain,
     "distributivity": distributivity,
     "nasrnn_cell": nasrnn_cell,
-    "nasrnn_5_steps": nasrnn.build,
     "inception_siblings": inception_siblings,
     "conv_bn": conv_bn,
 }

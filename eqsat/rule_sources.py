@@ -21,7 +21,7 @@ class RuleSource:
 
 
 def builtin_groups() -> dict[str, RuleSource]:
-    folder = resources.files("rules")
+    folder = resources.files("eqsat.rules")
     return {
         Path(entry.name).stem: RuleSource(Path(entry.name).stem, str(entry), entry.read_text())
         for entry in sorted(folder.iterdir(), key=lambda e: e.name)
