@@ -98,8 +98,16 @@ def _import_target(target: str) -> Callable[..., Any]:
 
 
 def _bench(name: str, scale: str) -> Any:
-    from benches.models.registry import MODELS
-    from benches.real_models import REAL_MODELS
+    try:
+        from benches.models.registry import MODELS
+        from benches.real_models import REAL_MODELS
+    except ModuleNotFoundError as error:
+        if not (error.name or "").startswith("benches"):
+            raise
+        raise UsageError(
+            "--bench runs the benchmark models of eqsat's repository (its benches/ folder, which is not installed); "
+            "run it from a checkout of the repository"
+        ) from None
 
     if name in MODELS:
         return MODELS[name](scale)
