@@ -22,7 +22,7 @@ _HOMES = {
     "ShapeConflictError": "eqsat.errors",
     "Limits": "eqsat.saturate",
     "Plan": "eqsat.extract.plan",
-    "compare": "eqsat.extract.report",
+    "compare": "eqsat.extract.changes",
 }
 
 

@@ -27,7 +27,8 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def compare_plans(args: argparse.Namespace) -> int:
-    from eqsat.extract.report import PlanFormatError, compare, load_plan
+    from eqsat.extract.changes import compare
+    from eqsat.extract.report import PlanFormatError, load_plan
 
     try:
         plans = [load_plan(path) for path in args.plans]

@@ -26,7 +26,7 @@ from jax.extend import core as jcore
 from eqsat import progress, rule_sources
 from eqsat.backends.lower import lower, weight_boundary
 from eqsat.backends.memory import MEMORY_OPTIMIZED, MemoryReport, figure_of, fit_budget, memory_report
-from eqsat.capture import capture
+from eqsat.capture import capture, input_paths
 from eqsat.egraph_check import check_egraph
 from eqsat.errors import EqsatError
 from eqsat.extract.cost import Cost, load_profile
@@ -390,6 +390,7 @@ class Optimized:
         try:
             if signature not in self._saturated:
                 graph = capture(closed)
+                graph.input_paths, graph.params = self._input_names(signature), self._param_names(signature)
                 self._optimize_bodies(graph)
                 t1 = time.perf_counter()
                 progress.begin("saturate", f"saturate {len(graph.nodes)} nodes", total=self.limits.iterations)
@@ -518,6 +519,13 @@ class Optimized:
         new = jax.make_jaxpr(lower(plan))(*avals)
         same_type = [_type(v) for v in new.jaxpr.outvars] == [_type(v) for v in inner.outvars]
         return new if same_type and not new.consts and not inner.constvars else body
+
+    def _input_names(self, signature: _Signature) -> dict[str, str]:
+        """The graph's Var name of each flat leaf -> its pytree path in the call (params.layers[0].wq)."""
+        static = {k for k, _, _ in signature.statics if isinstance(k, int)}
+        positions = [i for i in range(signature.n_args) if i not in static]
+        paths = input_paths(self.fun, signature.tree, positions)
+        return {f"x{j}": path for j, path in enumerate(paths)}
 
     def _param_names(self, signature: _Signature) -> frozenset[str]:
         """The graph's Var names of the flat leaves that belong to parameter arguments."""

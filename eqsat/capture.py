@@ -5,13 +5,18 @@ primitives the op table models become IR ops; everything else becomes an opaque 
 with its original parameters, so no program jax can trace is refused.
 """
 
+import inspect
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
+from jax._src import source_info_util  # user_frame: the first frame outside jax, as jax's own errors name it
 from jax.core import ShapedArray
 from jax.extend import core as jcore
 
-from eqsat.ir import Graph, Node, Opaque
+from eqsat.ir import Graph, Node, Opaque, Where
 from eqsat.ops import CAPTURED_PRIMITIVES
 
 INLINED = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call"}
@@ -27,7 +32,8 @@ def capture(closed: jcore.ClosedJaxpr) -> Graph:
     return graph
 
 
-def _capture_jaxpr(graph: Graph, jaxpr: jcore.Jaxpr, consts: list[int], args: list[int]) -> list[int]:
+def _capture_jaxpr(graph: Graph, jaxpr: jcore.Jaxpr, consts: list[int], args: list[int], scope: str = "") -> list[int]:
+    """scope: the name stack of the call whose body this is (a body's equations carry theirs relative to it)."""
     env: dict[Any, int] = dict(zip(jaxpr.constvars, consts, strict=True))
     env.update(zip(jaxpr.invars, args, strict=True))
 
@@ -38,13 +44,68 @@ def _capture_jaxpr(graph: Graph, jaxpr: jcore.Jaxpr, consts: list[int], args: li
 
     for eqn in jaxpr.eqns:
         inputs = [read(v) for v in eqn.invars]
+        first = len(graph.nodes)
+        where = _where(eqn, scope)
         if eqn.primitive.name in INLINED and (body := _body(eqn.params)) is not None:
             body_consts = [_const(graph, value) for value in body.consts]
-            outs = _capture_jaxpr(graph, body.jaxpr, body_consts, inputs)
+            outs = _capture_jaxpr(graph, body.jaxpr, body_consts, inputs, where.scope)
         else:
             outs = _capture_eqn(graph, eqn, inputs)
+        for node in range(first, len(graph.nodes)):  # helper nodes (broadcasts, transposes) share the equation's
+            graph.where.setdefault(node, where)
         env.update(zip(eqn.outvars, outs, strict=True))
     return [read(v) for v in jaxpr.outvars]
+
+
+def _where(eqn: jcore.JaxprEqn, scope: str) -> Where:
+    """The equation's name stack under `scope`, and the user's line that made it (the innermost frame outside jax)."""
+    own = str(eqn.source_info.name_stack)
+    frame = source_info_util.user_frame(eqn.source_info.traceback)
+    source = "" if frame is None else f"{_short_path(frame.file_name)}:{frame.start_line} ({frame.function_name})"
+    return Where("/".join(s for s in (scope, own) if s), source)
+
+
+def _short_path(file_name: str) -> str:
+    """A path under the working directory relative to it (plans move between machines), others as they are."""
+    relative = os.path.relpath(file_name) if os.path.isabs(file_name) else file_name
+    return file_name if relative.startswith("..") else relative
+
+
+def input_paths(fun: Callable[..., Any], tree: Any, positions: Sequence[int]) -> list[str]:
+    """Each flat argument's place in the call as a person writes it, e.g. params.layers[0].wq.
+
+    tree: the flat arguments' tree of (dynamic positional arguments, keyword arguments); positions: each dynamic
+    positional argument's index in the call (static ones are left out of the tree)."""
+    try:
+        names = [
+            p.name
+            for p in inspect.signature(fun).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):  # a builtin or a callable without a signature
+        names = []
+    indexed = jax.tree_util.tree_unflatten(tree, range(tree.num_leaves))
+    paths = [""] * tree.num_leaves
+    for (group, head, *rest), leaf in jax.tree_util.tree_flatten_with_path(indexed)[0]:
+        if group.idx == 0:
+            position = positions[head.idx]
+            name = names[position] if position < len(names) else f"args[{position}]"
+        else:
+            name = str(head.key)
+        paths[leaf] = name + "".join(map(_key_text, rest))
+    return paths
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, jax.tree_util.DictKey):
+        return f".{key.key}" if isinstance(key.key, str) and key.key.isidentifier() else f"[{key.key!r}]"
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        return f".{key.name}"
+    if isinstance(key, jax.tree_util.SequenceKey):
+        return f"[{key.idx}]"
+    if isinstance(key, jax.tree_util.FlattenedIndexKey):  # a child of a custom pytree node
+        return f"[{key.key}]"
+    return str(key)
 
 
 def _capture_eqn(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> list[int]:

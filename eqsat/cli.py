@@ -169,7 +169,7 @@ def _optimize(args: argparse.Namespace) -> int:
     import eqsat
     from eqsat import progress
     from eqsat.api import _merge_params
-    from eqsat.extract import report
+    from eqsat.extract import html_report, report
     from eqsat.extract.cost import load_profile
     from eqsat.measure import compare
 
@@ -221,11 +221,11 @@ def _optimize(args: argparse.Namespace) -> int:
         print(memory.summary())
     if timing is not None:
         print(f"  measured         {timing}  (jax.jit time / eqsat time)")
-    for path, write in ((args.json, report.save_plan), (args.html, report.to_html)):
+    for path, write in ((args.json, report.save_plan), (args.html, html_report.to_html)):
         if path:
             print(f"wrote {write(plan, path)}")
     if args.dot:
-        print(f"wrote {_write(Path(args.dot), report.to_dot(plan))}")
+        print(f"wrote {_write(Path(args.dot), html_report.to_dot(plan))}")
     return 0
 
 

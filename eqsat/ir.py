@@ -18,6 +18,14 @@ class Opaque:
 
 
 @dataclass(frozen=True)
+class Where:
+    """Where a node came from in the user's program."""
+
+    scope: str = ""  # jax's name stack of the equation: "encoder/layer_3/attention" ("" at the top level)
+    source: str = ""  # the user's line that made the equation: "models/bert.py:42 (encoder_layer)"
+
+
+@dataclass(frozen=True)
 class Node:
     op: str  # an OPS name, or "Op" (opaque call) / "Get" (one result of a multi-result opaque call)
     inputs: tuple[int, ...]  # indices of earlier nodes
@@ -35,6 +43,9 @@ class Graph:
     consts: dict[str, np.ndarray] = field(default_factory=dict)  # Var name -> value
     opaque: list[Opaque] = field(default_factory=list)
     bodies_rewritten: int = 0  # opaque calls (scan, while, cond, remat) whose bodies eqsat re-planned
+    where: dict[int, Where] = field(default_factory=dict)  # node -> its equation's place (helper nodes share it)
+    input_paths: dict[str, str] = field(default_factory=dict)  # input Var name -> pytree path: params.layers[0].wq
+    params: frozenset[str] = frozenset()  # input Var names of declared parameters (params_argnums)
 
     def add(self, node: Node) -> int:
         self.nodes.append(node)

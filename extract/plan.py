@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from eqsat.extract import provenance
 from eqsat.extract.cost import Cost, Profile, node_cost, value_bytes
 from eqsat.extract.extractors import extract
 from eqsat.extract.timing import measurable
@@ -28,6 +29,10 @@ class PlanNode:
     cost: Cost
     rewritten: bool  # not a node of the original program
     weight: bool = False  # computed from parameters and constants alone: runs once when prepared
+    scopes: tuple[str, ...] = ()  # name stacks of the equations it came from (rewritten: of what it replaced)
+    sources: tuple[str, ...] = ()  # their source lines, "file.py:42 (function)"
+    path: str = ""  # an input's pytree path in the call: params.layers[0].wq
+    param: bool = False  # an input that is a declared parameter (params_argnums)
 
 
 @dataclass
@@ -47,6 +52,7 @@ class Plan:
     memory: "MemoryReport | None" = field(default=None, repr=False, compare=False)  # Optimized.memory() fills it
     autotune: list[dict[str, Any]] = field(default_factory=list)  # candidates: label, predicted and measured s
     blamed: list[str] | None = None  # after a failed validation: the rules the mismatching result depends on
+    original_seconds: list[float] = field(default_factory=list)  # predicted time of each original graph node
 
     @property
     def predicted_speedup(self) -> float:
@@ -100,6 +106,7 @@ class Plan:
             lines.append(f"  rules fired      {fired}")
         if self.rewritten_ops():
             lines.append(f"  rewritten ops    {self.rewritten_ops()}")
+        lines += self._region_lines()
         if self.memory:
             lines.append(self.memory.summary())
         for row in self.autotune:
@@ -114,6 +121,20 @@ class Plan:
 
     def __str__(self) -> str:
         return self.summary()
+
+    def _region_lines(self, shown: int = 12) -> list[str]:
+        """What changed, by named region of the program (extract.changes.diff_regions), the first `shown`."""
+        from eqsat.extract.changes import diff_regions  # changes reads plans: imported when a summary asks
+        from eqsat.extract.report import original_graph
+
+        if not self.nodes or original_graph(self) is None:
+            return []
+        found = diff_regions(self)
+        lines = [f"  changed regions  {len(found)}" if found else "  changed regions  none"]
+        lines += [f"    {region.line()}" for region in found[:shown]]
+        if len(found) > shown:
+            lines.append(f"    ... {len(found) - shown} more (eqsat.extract.changes.diff_regions(plan) lists all)")
+        return lines
 
 
 def build_plan(
@@ -190,14 +211,14 @@ def extraction_problem(
     return costs, [snapshot.orig[i] for i in graph.roots()], _original_choice(graph, snapshot)
 
 
-def original_cost(graph: Graph, profile: Profile) -> Cost:
-    """The cost of the program as captured, over the nodes its results need (dead code is free in XLA too)."""
-    total = Cost()
+def original_costs(graph: Graph, profile: Profile) -> dict[int, Cost]:
+    """The cost of each node of the program as captured that its results need (dead code is free in XLA too)."""
+    costs = {}
     for i in sorted(reachable(graph)):
         node = graph.nodes[i]
         in_shapes = [graph.nodes[i].shape for i in node.inputs]
-        total += node_cost(node.op, in_shapes, node.shape, node.dtype, profile, node.attrs)
-    return total
+        costs[i] = node_cost(node.op, in_shapes, node.shape, node.dtype, profile, node.attrs)
+    return costs
 
 
 def _cost(node: ENode, snapshot: Snapshot, profile: Profile) -> float:
@@ -284,6 +305,13 @@ def _assemble(
     index: dict[str, int] = {}  # e-class -> plan node
     lists: dict[str, tuple[int, ...]] = {}  # TList e-class -> plan nodes
     plan_nodes: list[PlanNode] = []
+    members: list[list[int]] = []  # per plan node: the original graph nodes it stands for
+    originals: dict[tuple, list[int]] = {}  # an original node's key (or, under None, e-class) -> its graph nodes
+    live = reachable(graph)
+    for g, key in enumerate(_original_keys(graph, snapshot)):
+        if g in live:
+            originals.setdefault(key, []).append(g)
+            originals.setdefault((None, key[0]), []).append(g)
     for i in order:
         node = nodes[i]
         if node.op == "TNil":
@@ -302,21 +330,26 @@ def _assemble(
             per_call_cost[len(plan_nodes)] = full
         rewritten = _key(node) not in kept
         plan_nodes.append(PlanNode(node.op, inputs, tuple(node.attrs), shape, dtype, cost, rewritten, weight[i]))
+        members.append(originals.get((None, node.eclass) if rewritten else _key(node), []))
         index[node.eclass] = len(plan_nodes) - 1
     per_call_reads = set(index[snapshot.orig[i]] for i in graph.outputs)
     per_call_reads.update(j for n in plan_nodes if not n.weight for j in n.inputs)
     for j in per_call_reads & per_call_cost.keys():
         plan_nodes[j] = dataclasses.replace(plan_nodes[j], weight=False, cost=per_call_cost[j])
-    predicted = Cost()
+    provenance.attach(plan_nodes, members, graph)
+    predicted, original = Cost(), Cost()
     for n in plan_nodes:
         predicted += n.cost
+    costs = original_costs(graph, profile)
+    for cost in costs.values():
+        original += cost
     return Plan(
         target=profile.name,
         nodes=plan_nodes,
         outputs=[index[snapshot.orig[i]] for i in graph.outputs],
         effects=[index[snapshot.orig[i]] for i in graph.effects],
         predicted=predicted,
-        original=original_cost(graph, profile),
+        original=original,
         stop_reason=snapshot.stop_reason,
         stats={
             "original_nodes": len(reachable(graph)),
@@ -327,6 +360,7 @@ def _assemble(
         },
         rules_fired={name: count for name, count in snapshot.rule_matches.items() if count},
         graph=graph,
+        original_seconds=[costs[i].seconds if i in costs else 0.0 for i in range(len(graph.nodes))],
     )
 
 

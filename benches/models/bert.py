@@ -19,9 +19,12 @@ CONFIGS = {
 
 
 def encoder_layer(x: jax.Array, p: L.Params, heads: int) -> jax.Array:
-    x = L.layer_norm(x + L.mha(x, p["attn"], heads), p["ln1"])
-    h = L.dense(L.gelu(L.dense(x, p["ffn_in"])), p["ffn_out"])
-    return L.layer_norm(x + h, p["ln2"])
+    # named scopes, as a flax or haiku model has them: plans and reports name each layer's parts
+    with jax.named_scope("attention"):
+        x = L.layer_norm(x + L.mha(x, p["attn"], heads), p["ln1"])
+    with jax.named_scope("ffn"):
+        h = L.dense(L.gelu(L.dense(x, p["ffn_in"])), p["ffn_out"])
+        return L.layer_norm(x + h, p["ln2"])
 
 
 def build(scale: str = "full") -> Workload:
@@ -43,8 +46,9 @@ def build(scale: str = "full") -> Workload:
     x = gen.normal((c["seq"], d))
 
     def fn(params: L.Params, x: jax.Array) -> jax.Array:
-        for p in params["layers"]:
-            x = encoder_layer(x, p, c["heads"])
+        for i, p in enumerate(params["layers"]):
+            with jax.named_scope(f"encoder/layer_{i}"):
+                x = encoder_layer(x, p, c["heads"])
         return x
 
     return Workload(f"bert-{scale}", fn, gen.materialize((params, x)), (0,), "post-LN BERT encoder")

@@ -276,10 +276,16 @@ def mha(
     bias: np.ndarray | None = None,
     rope: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> jax.Array:
-    """Multi-head (or grouped-query) self-attention with separate Q/K/V dots from ``x``."""
-    q = split_heads(dense(x, p["q"]), heads)
-    k = split_heads(dense(x, p["k"]), kv_heads or heads)
-    v = split_heads(dense(x, p["v"]), kv_heads or heads)
+    """Multi-head (or grouped-query) self-attention with separate Q/K/V dots from ``x``; each projection in a named
+    scope of its own (as a flax module's would be), so plans name them."""
+    with jax.named_scope("q"):
+        q = split_heads(dense(x, p["q"]), heads)
+    with jax.named_scope("k"):
+        k = split_heads(dense(x, p["k"]), kv_heads or heads)
+    with jax.named_scope("v"):
+        v = split_heads(dense(x, p["v"]), kv_heads or heads)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    return dense(merge_heads(attention(q, k, v, bias)), p["o"])
+    out = merge_heads(attention(q, k, v, bias))
+    with jax.named_scope("o"):
+        return dense(out, p["o"])
