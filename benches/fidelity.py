@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -29,6 +30,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 import eqsat
+from benches.charts import CHARTS, draw_fidelity, write_charts
 from benches.models import layers as L
 from eqsat.backends.lower import lower
 from eqsat.extract.cost import Profile, calibrated_path, load_bundled, load_profile, node_cost
@@ -179,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="shorter timings, fewer sub-block sizes")
     parser.add_argument("--seconds", type=float, help="timing budget per plan (default 0.15 quick, 0.4 full)")
     parser.add_argument("--out", default="benches/fidelity.json")
+    parser.add_argument("--charts", default=str(CHARTS), help="folder for the scatter's SVG ('' for none)")
     args = parser.parse_args(argv)
     seconds = args.seconds or (0.15 if args.quick else 0.4)
     t0 = time.perf_counter()
@@ -213,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
+    if args.charts:
+        write_charts(lambda: draw_fidelity(Path(args.out), Path(args.charts)))
     return 0
 
 

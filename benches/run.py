@@ -14,11 +14,13 @@ import json
 import os
 import platform
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
 
 import eqsat
+from benches.charts import CHARTS, draw_results, write_charts
 from eqsat import progress
 from eqsat.backends.memory import xla_figure
 from eqsat.extract.cost import class_of
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="timing budget per model (default 1 quick, 5 full)")
     parser.add_argument("--out", default="benches/results.json")
     parser.add_argument("--markdown", help="also write the tables as markdown (benches/RESULTS.md's form) here")
+    parser.add_argument("--charts", default=str(CHARTS), help="folder for the SVG charts ('' for none)")
     args = parser.parse_args(argv)
     scale = "small" if args.quick else "full"
     seconds = args.seconds or (1.0 if args.quick else 5.0)
@@ -146,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(markdown(rows))
+    if args.charts:
+        write_charts(lambda: draw_results(Path(args.out), Path(args.charts)))
     return 0
 
 
