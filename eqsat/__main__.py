@@ -37,6 +37,13 @@ def compare_plans(args: argparse.Namespace) -> int:
         print(f"python -m eqsat compare: error: {reason}", file=sys.stderr)
         return 2
     compare(*plans, labels=args.plans)
+    if args.html:
+        if len(plans) != 2:
+            print("python -m eqsat compare: error: --html draws two plans against each other", file=sys.stderr)
+            return 2
+        from eqsat.extract.html_report import to_html
+
+        print(f"wrote {to_html(plans[0], args.html, versus=plans[1], labels=tuple(args.plans))}")
     return 0
 
 
@@ -69,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(run=demo)
     p = commands.add_parser("compare", help="print saved plans (JSON from extract.report.save_plan) side by side")
     p.add_argument("plans", nargs="+", help="plan JSON files")
+    p.add_argument("--html", metavar="OUT.html", help="also write a report of two plans, region by region")
     p.set_defaults(run=compare_plans)
     p = commands.add_parser("calibrate", help="measure this machine and write a calibrated cpu profile to the cache")
     p.add_argument("--seconds", type=float, default=60.0, help="timing budget (compilation comes on top)")

@@ -522,16 +522,13 @@ class Optimized:
 
     def _input_names(self, signature: _Signature) -> dict[str, str]:
         """The graph's Var name of each flat leaf -> its pytree path in the call (params.layers[0].wq)."""
-        static = {k for k, _, _ in signature.statics if isinstance(k, int)}
-        positions = [i for i in range(signature.n_args) if i not in static]
-        paths = input_paths(self.fun, signature.tree, positions)
+        paths = input_paths(self.fun, signature.tree, _dynamic_positions(signature))
         return {f"x{j}": path for j, path in enumerate(paths)}
 
     def _param_names(self, signature: _Signature) -> frozenset[str]:
         """The graph's Var names of the flat leaves that belong to parameter arguments."""
         indexed, _ = jax.tree_util.tree_unflatten(signature.tree, range(len(signature.avals)))
-        static = {k for k, _, _ in signature.statics if isinstance(k, int)}
-        positions = [i for i in range(signature.n_args) if i not in static]
+        positions = _dynamic_positions(signature)
         params = {i % signature.n_args for i in self.params_argnums} if signature.n_args else set()
         leaves = (jax.tree_util.tree_leaves(sub) for pos, sub in zip(positions, indexed, strict=True) if pos in params)
         return frozenset(f"x{j}" for sub in leaves for j in sub)
@@ -762,6 +759,12 @@ def _merge_params(positions: tuple[int, ...], params: tuple, rest: tuple) -> tup
     given = {p % n: v for p, v in zip(positions, params, strict=True)}
     others = iter(rest)
     return tuple(given[i] if i in given else next(others) for i in range(n))
+
+
+def _dynamic_positions(signature: _Signature) -> list[int]:
+    """The call's positions of the positional arguments in the signature's tree (static ones are not)."""
+    static = {k for k, _, _ in signature.statics if isinstance(k, int)}
+    return [i for i in range(signature.n_args) if i not in static]
 
 
 def _flat_function(

@@ -39,7 +39,7 @@ class Region:
     after: Counter[str] = field(default_factory=Counter)
     before_s: float = 0.0  # predicted time of those nodes (weight-only work, done once when prepared, is free)
     after_s: float = 0.0
-    sources: list[str] = field(default_factory=list)  # the source lines they came from
+    sources: list[str] = field(default_factory=list)  # the source lines they came from, contractions' first
     rules: list[str] = field(default_factory=list)  # fired rules that build every op new here
 
     @property
@@ -59,10 +59,12 @@ class Region:
         return text
 
 
+_CONTRACTIONS = frozenset(op for op, spec in OPS.items() if spec.contracted is not None)
+
+
 def ranked_ops(counts: Counter[str]) -> list[tuple[str, int]]:
     """Contractions (what a change is about: 3 Dot -> 1 Dense) first, then by count."""
-    contraction = {op for op, spec in OPS.items() if spec.contracted is not None}
-    return sorted(counts.items(), key=lambda kv: (kv[0] not in contraction, -kv[1], kv[0]))
+    return sorted(counts.items(), key=lambda kv: (kv[0] not in _CONTRACTIONS, -kv[1], kv[0]))
 
 
 def _ops(counts: Counter[str]) -> str:
@@ -98,7 +100,8 @@ def regions(a: Program, b: Program, rules_fired: dict[str, int] | None = None) -
     for ks in members.values():
         region = Region("")
         scopes: dict[str, None] = {}
-        for k in ks:
+        contractions_first = sorted(ks, key=lambda k: items[k][0].nodes[items[k][1]].name not in _CONTRACTIONS)
+        for k in contractions_first:  # so that the region's first source line is its GEMM's
             p, i = items[k]
             node, side = p.nodes[i], "after" if p is b else "before"
             getattr(region, side)[node.name] += 1

@@ -19,6 +19,7 @@ from eqsat.extract.plan import Plan
 from eqsat.extract.report import original_graph
 from eqsat.extract.views import (
     Program,
+    ViewNode,
     label,
     node_seconds,
     original_program,
@@ -38,7 +39,7 @@ _SOURCE_FILL = "#e8eef7"
 _NODE_FILL = "#ffffff"
 
 
-def _fill(node: Any) -> str:
+def _fill(node: ViewNode) -> str:
     return _REWRITTEN_FILL if node.rewritten else _SOURCE_FILL if not node.inputs else _NODE_FILL
 
 
@@ -95,11 +96,11 @@ def _collapse_depth(cluster: list[str]) -> int | None:
 
 def _region_lines(region: Region, shown: str) -> list[str]:
     """A region's change in short lines, for the box of the cluster `shown` that draws it."""
-    inner = region.name[len(shown) + 1 :] if region.name.startswith(shown + "/") else ""
+    inner = region.name[len(shown) + 1 :] if region.name.startswith(shown + "/") else shown.rsplit("/", 1)[-1]
     timing = f"{seconds_text(region.before_s)} -> {seconds_text(region.after_s)}"
     if region.before_s and region.after_s:
         timing += f" ({region.speedup:.2f}x)"
-    lines = [(f"{inner}: " if inner else "") + timing, f"  {_count(region.before)} -> {_count(region.after)}"]
+    lines = [f"{inner}: {timing}", f"  {_count(region.before)} -> {_count(region.after)}"]
     if region.rules:
         more = len(region.rules) - 2
         lines.append(f"  rule {', '.join(region.rules[:2])}" + (f" +{more}" if more > 0 else ""))
@@ -112,7 +113,7 @@ def _count(counts: Any, shown: int = 2) -> str:
     return text + (", ..." if len(ranked) > shown else "")
 
 
-def _tip(i: int, node: Any, changed: bool, kind: str) -> str:
+def _tip(i: int, node: ViewNode, changed: bool, kind: str) -> str:
     lines = [f"#{i} {label(node)}  {type_text(node)}"]
     if node.op == "Var" and node.path:
         lines.append(f"input {node.attrs[0]}" + (", a parameter" if node.param else ""))
@@ -182,7 +183,7 @@ tr[data-region] { cursor: pointer; } tr[data-region]:hover td { background: #eef
 .pane { height: calc(100vh - 130px); border: 1px solid #ccc; background: #fcfcfc; overflow: hidden; cursor: grab; }
 .legend span { display: inline-block; padding: 1px 8px; margin-right: 8px; border: 1px solid #333; border-radius: 4px; }
 .scroll { max-height: 240px; overflow: auto; }
-svg.graph { font-family: monospace; font-size: 12px; user-select: none; }
+svg.graph { font-family: monospace; font-size: 12px; user-select: none; } svg.graph text { white-space: pre; }
 svg .edge { fill: none; stroke: #777; stroke-width: 1.1; }
 svg .node rect { fill: #fff; stroke: #444; } svg .node.input rect { fill: #e8eef7; }
 svg .node.new rect { fill: #ffb347; } svg .node.replaced rect { fill: #f4c2c2; }

@@ -242,7 +242,7 @@ def test_memory_report_in_the_plan():
 def test_bert_qkv_merged_for_h100_not_for_cpu():
     """Q/K/V projections share their input (BERT's shapes: seq 64, hidden 1024): one GEMM pays where launches
     cost (h100); on XLA:CPU the cost model keeps three."""
-    from eqsat.extract.report import diff
+    from eqsat.extract.changes import diff
 
     def qkv(w, x):
         q, k, v = ((x @ w[n] + w["b" + n]).reshape(64, 16, 64).transpose(1, 0, 2) for n in ("q", "k", "v"))

@@ -43,7 +43,12 @@ def test_optimize_bench_then_compare_saved_plans(tmp_path, capsys):
     assert main(["compare", str(cpu), str(h100)]) == 0
     table = capsys.readouterr().out
     assert "eqsat plans" in table and "predicted time" in table and "h100" in table
-    assert f"regions that differ, {cpu} -> {h100}: " in table and "encoder/layer_1/attention" in table
+    assert f"regions that differ, {cpu} -> {h100}: " in table and "  encoder/layer_" in table
+    both = tmp_path / "both.html"
+    assert main(["compare", str(cpu), str(h100), "--html", str(both)]) == 0
+    assert f"eqsat plans {cpu} (cpu) and {h100} (h100)" in both.read_text()
+    assert main(["compare", str(cpu), "--html", str(both)]) == 2
+    assert "--html draws two plans" in capsys.readouterr().err
 
 
 def test_help_of_every_subcommand(capsys):

@@ -16,7 +16,7 @@ from jax import lax
 
 import eqsat
 from eqsat.__main__ import main
-from eqsat.extract import report
+from eqsat.extract import changes, report
 
 A, V = jnp.linspace(-1, 1, 32 * 32).reshape(32, 32), jnp.linspace(0, 1, 32 * 4).reshape(32, 4)
 
@@ -308,7 +308,7 @@ def test_wrong_option_values_say_what_was_expected(options, expected):
 
 
 def test_compare_is_top_level():
-    assert eqsat.compare is report.compare
+    assert eqsat.compare is changes.compare
 
 
 def test_cli_compare_of_a_missing_or_malformed_file_is_one_line(tmp_path, capsys):
