@@ -306,22 +306,27 @@ def _sliced_pool(fn: str) -> Callable[..., Any]:
     return lower
 
 
-def _pool_shape_rules(name: str, max_rank: int = 6) -> tuple[str, ...]:
-    """(name window strides low high a): out[i] = (a[i] + low[i] + high[i] - window[i]) / strides[i] + 1, one rule
-    per rank (egglog has no map over a vector), the window fitting the padded input on every axis."""
-    rules = []
-    for rank in range(1, max_rank + 1):
-        rooms = [
-            f"(- (+ (vec-get sa {i}) (+ (vec-get k2 {i}) (vec-get k3 {i}))) (vec-get k0 {i}))" for i in range(rank)
-        ]
-        guards = " ".join(f"(= r{i} {room}) (>= r{i} 0) (> (vec-get k1 {i}) 0)" for i, room in enumerate(rooms))
-        dims = " ".join(f"(+ (/ r{i} (vec-get k1 {i})) 1)" for i in range(rank))
-        lengths = " ".join(f"(= (vec-length k{j}) {rank})" for j in range(4))
-        rules.append(
-            f"(rule ((= e ({name} k0 k1 k2 k3 a)) (= sa (shape a)) (= (vec-length sa) {rank}) {lengths} {guards})"
-            f" ((set (shape e) (vec-of {dims}))))"
-        )
-    return tuple(rules)
+def _pool_shape_rules(name: str) -> tuple[str, ...]:
+    """(name window strides low high a): out[i] = (a[i] + low[i] + high[i] - window[i]) / strides[i] + 1, the window
+    fitting the padded input on every axis."""
+    return _axis_by_axis(
+        f"({name} k0 k1 k2 k3 a)",
+        "(= (vec-length k0) n) (= (vec-length k1) n) (= (vec-length k2) n) (= (vec-length k3) n)",
+        "(= r (- (+ (vec-get sa i) (+ (vec-get k2 i) (vec-get k3 i))) (vec-get k0 i))) (>= r 0) (> (vec-get k1 i) 0)",
+        "(+ (/ r (vec-get k1 i)) 1)",
+    )
+
+
+def _axis_by_axis(pattern: str, whole: str, guard: str, dim: str) -> tuple[str, ...]:
+    """Shape rules of any rank, egglog having no map over a vector: the output shape is built axis by axis
+    ((axes-built e i) holds its first i axes), axis i of input a kept when `guard` holds and sized `dim` (both over
+    `sa`, a's shape, and `i`); `whole` guards the whole node (over `n`, a's rank)."""
+    head = f"(= e {pattern}) (= sa (shape a)) (= n (vec-length sa))"
+    return (
+        f"(rule ({head} {whole}) ((set (axes-built e 0) (vec-empty))))",
+        f"(rule ({head} (= v (axes-built e i)) (< i n) {guard}) ((set (axes-built e (+ i 1)) (vec-push v {dim}))))",
+        f"(rule ({head} (= v (axes-built e n))) ((set (shape e) v)))",
+    )
 
 
 def _patch_conv(attrs: tuple, x: Any, w: Any) -> Any:
@@ -372,18 +377,6 @@ def _conv_op(
         contracted=lambda shapes: prod(shapes[1][:3]),
         alternative=alternative,
     )
-
-
-def _per_rank_shape_rules(pattern: str, dim: str, max_rank: int = 6) -> tuple[str, ...]:
-    """A shape rule per rank, `dim` giving output axis {i}: egglog has no map over a vector."""
-    rules = []
-    for rank in range(1, max_rank + 1):
-        dims = " ".join(dim.format(i=i) for i in range(rank))
-        rules.append(
-            f"(rule ((= e {pattern}) (= sa (shape a)) (= (vec-length sa) {rank}) (= (vec-length k0) {rank}))"
-            f" ((set (shape e) (vec-of {dims}))))"
-        )
-    return tuple(rules)
 
 
 def _zero_pad(attrs: tuple, a: Any) -> Any:
@@ -578,7 +571,10 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             lambda attrs, a: lax.transpose(a, tuple(attrs[0])),
-            _per_rank_shape_rules("(Transpose k0 a)", "(vec-get sa (vec-get k0 {i}))"),
+            # each axis of the permutation in range (that no axis repeats is left to the lowering's type check)
+            _axis_by_axis(
+                "(Transpose k0 a)", "(= (vec-length k0) n)", "(= p (vec-get k0 i)) (>= p 0) (< p n)", "(vec-get sa p)"
+            ),
             ("transpose",),
         ),
         # (Pad low high a): zero padding of each axis, used by rules (enlarging a kernel), not captured
@@ -588,7 +584,12 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             _zero_pad,
-            _per_rank_shape_rules("(Pad k0 k1 a)", "(+ (vec-get sa {i}) (+ (vec-get k0 {i}) (vec-get k1 {i})))"),
+            _axis_by_axis(
+                "(Pad k0 k1 a)",
+                "(= (vec-length k0) n) (= (vec-length k1) n)",
+                "(>= (vec-get k0 i) 0) (>= (vec-get k1 i) 0)",
+                "(+ (vec-get sa i) (+ (vec-get k0 i) (vec-get k1 i)))",
+            ),
         ),
         # (Reshape new_shape a): sizes are trusted, egglog cannot multiply a vector out
         OpSpec(

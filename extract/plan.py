@@ -11,7 +11,7 @@ from eqsat.extract.extractors import extract
 from eqsat.extract.timing import measurable
 from eqsat.ir import Graph, Shape
 from eqsat.ops import OPS, infer
-from eqsat.saturate import ENode, Snapshot
+from eqsat.saturate import ENode, Limits, Snapshot
 
 if TYPE_CHECKING:
     from eqsat.backends.memory import MemoryReport
@@ -123,7 +123,7 @@ def build_plan(
     profile: Profile,
     params: frozenset[str] = frozenset(),
     extractor: str = "auto",
-    time_limit: float = 1.0,
+    time_limit: float = Limits.extract_seconds,
     forbid: frozenset[str] = frozenset(),
     memory_weight: float = 0.0,
 ) -> Plan:
