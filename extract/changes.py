@@ -5,19 +5,18 @@ import functools
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
 from eqsat import rule_sources
 from eqsat.extract import provenance
-from eqsat.extract.plan import Plan
-from eqsat.extract.report import original_graph
 from eqsat.extract.views import (
     Program,
     label,
     node_seconds,
+    original_graph,
     original_program,
     plan_program,
     seconds_text,
@@ -25,6 +24,9 @@ from eqsat.extract.views import (
     unmatched,
 )
 from eqsat.ops import OPS
+
+if TYPE_CHECKING:  # plans are read here, never built: extract.plan imports this module for its summary
+    from eqsat.extract.plan import Plan
 
 TOP_LEVEL = "(top level)"
 
@@ -170,7 +172,7 @@ def _op_heads(form: Any) -> set[str]:
     return heads.union(*(_op_heads(f) for f in form))
 
 
-def diff_regions(plan: Plan) -> list[Region]:
+def diff_regions(plan: "Plan") -> list[Region]:
     """The regions extraction changed: the original program against the plan."""
     return regions(original_program(plan), plan_program(plan), plan.rules_fired)
 
@@ -216,7 +218,7 @@ def _diff_programs(a: Program, b: Program, name_a: str, name_b: str, rules_fired
     return lines
 
 
-def diff(a: Plan, b: Plan, names: tuple[str, str] = ("a", "b")) -> list[str]:
+def diff(a: "Plan", b: "Plan", names: tuple[str, str] = ("a", "b")) -> list[str]:
     """What changed from plan a to plan b: by named region, op counts by (op, type), subgraphs only in one,
     rewritten nodes."""
     head = [
@@ -226,7 +228,7 @@ def diff(a: Plan, b: Plan, names: tuple[str, str] = ("a", "b")) -> list[str]:
     return head + _diff_programs(plan_program(a), plan_program(b), *names, b.rules_fired)
 
 
-def diff_original(plan: Plan) -> list[str]:
+def diff_original(plan: "Plan") -> list[str]:
     """What extraction changed: the original program against the extracted plan."""
     return _diff_programs(original_program(plan), plan_program(plan), "original", "plan", plan.rules_fired)
 
@@ -234,7 +236,7 @@ def diff_original(plan: Plan) -> list[str]:
 # ---------------------------------------------------------------------------------------------------- compare
 
 
-def plan_summary(plan: Plan) -> dict[str, Any]:
+def plan_summary(plan: "Plan") -> dict[str, Any]:
     return {
         "target": plan.target,
         "nodes": len(plan.nodes),
@@ -273,7 +275,9 @@ def format_metric(key: str, value: Any) -> str:
     return str(value)
 
 
-def compare(*plans: Plan, labels: list[str] | None = None, console: Console | None = None) -> dict[str, dict[str, Any]]:
+def compare(
+    *plans: "Plan", labels: list[str] | None = None, console: Console | None = None
+) -> dict[str, dict[str, Any]]:
     """Print the plans side by side (a rich table), then the regions where each plan differs from the first, and
     return {label: {metric: value}} in the same order ("regions vs first": the differing regions' lines)."""
     if not plans:

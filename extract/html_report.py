@@ -16,12 +16,12 @@ from eqsat.extract import provenance
 from eqsat.extract.changes import Region, format_metric, plan_summary, ranked_ops, regions
 from eqsat.extract.cost import Cost
 from eqsat.extract.plan import Plan
-from eqsat.extract.report import original_graph
 from eqsat.extract.views import (
     Program,
     ViewNode,
     label,
     node_seconds,
+    original_graph,
     original_program,
     plan_program,
     program,

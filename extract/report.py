@@ -15,12 +15,12 @@ from typing import Any
 
 from eqsat.extract.cost import Cost
 from eqsat.extract.plan import Plan, PlanNode
+from eqsat.extract.views import original_graph
 from eqsat.ir import Graph, Node, Opaque, Shape, Where
 
 FORMAT = "eqsat-plan"
 VERSION = 2
 READABLE = (1, 2)  # versions load_plan reads: fields a version lacks take their defaults
-_SAVED = "_eqsat_saved_original"  # instance attribute holding a loaded plan's original program (Plan has no field)
 
 
 class PlanFormatError(ValueError):
@@ -64,7 +64,7 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
     try:
         plan = _fields_from_dict(Plan, data["plan"], _PLAN_DECODE)
         if data.get("original") is not None:
-            vars(plan)[_SAVED] = _graph_from_dict(data["original"])
+            plan.saved_original = _graph_from_dict(data["original"])
     except (KeyError, TypeError, ValueError) as error:
         raise PlanFormatError(f"malformed eqsat plan: {type(error).__name__}: {error}") from None
     return plan
@@ -94,11 +94,6 @@ def load_plan(path: str | Path) -> Plan:
     except json.JSONDecodeError as error:
         raise PlanFormatError(f"{path}: not JSON ({error})") from None
     return plan_from_dict(data)
-
-
-def original_graph(plan: Plan) -> Graph | None:
-    """The program the plan was extracted from: plan.graph, or the saved sketch of a loaded plan."""
-    return plan.graph if plan.graph is not None else vars(plan).get(_SAVED)
 
 
 def _num(x: float) -> float | str:

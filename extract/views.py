@@ -2,12 +2,13 @@
 and drawings treat them alike, and the matching that tells which nodes of one have no counterpart in the other."""
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eqsat.extract.cost import Cost
-from eqsat.extract.plan import Plan, reachable
-from eqsat.extract.report import original_graph
 from eqsat.ir import Graph, Shape
+
+if TYPE_CHECKING:  # plans are read here, never built: extract.plan imports this module for its summary
+    from eqsat.extract.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -33,11 +34,16 @@ class Program:
     outputs: tuple[int, ...]  # in the program's order, so the two programs' outputs pair up
 
 
+def original_graph(plan: "Plan") -> Graph | None:
+    """The program the plan was extracted from: plan.graph, or the saved sketch of a loaded plan."""
+    return plan.graph if plan.graph is not None else plan.saved_original
+
+
 def _op_name(op: str, attrs: tuple[Any, ...], graph: Graph | None) -> str:
     return graph.op_name(op, attrs) if graph is not None else op
 
 
-def plan_program(plan: Plan) -> Program:
+def plan_program(plan: "Plan") -> Program:
     graph = original_graph(plan)
     nodes = [
         ViewNode(
@@ -59,12 +65,12 @@ def plan_program(plan: Plan) -> Program:
     return Program(nodes, tuple(plan.outputs))
 
 
-def original_program(plan: Plan) -> Program:
+def original_program(plan: "Plan") -> Program:
     graph = original_graph(plan)
     if graph is None:
         raise ValueError("this plan has no record of its original program (plan.graph is None and it was not loaded)")
     # only what the program computes: capture leaves dead nodes behind (the steps of a folded broadcast chain)
-    live = sorted(reachable(graph))
+    live = sorted(graph.live())
     index = {old: new for new, old in enumerate(live)}
     seconds = plan.original_seconds
     nodes = []
@@ -89,7 +95,7 @@ def original_program(plan: Plan) -> Program:
     return Program(nodes, tuple(index[i] for i in graph.outputs))
 
 
-def program(plan: Plan, which: str) -> Program:
+def program(plan: "Plan", which: str) -> Program:
     if which not in ("plan", "original"):
         raise ValueError(f"which must be 'plan' or 'original', not {which!r}")
     return plan_program(plan) if which == "plan" else original_program(plan)
@@ -163,7 +169,7 @@ def unmatched(a: Program, b: Program) -> tuple[set[int], set[int]]:
     return set(range(len(a.nodes))) - matched_a, set(range(len(b.nodes))) - matched_b
 
 
-def changed(plan: Plan, which: str, program: Program) -> set[int]:
+def changed(plan: "Plan", which: str, program: Program) -> set[int]:
     """Nodes of this program (`which` of the plan's two) without a counterpart in the other, and rewritten ones."""
     rewritten = {i for i, n in enumerate(program.nodes) if n.rewritten}
     if original_graph(plan) is None:
