@@ -123,13 +123,14 @@ def _chromium(page: Path, *flags: str) -> subprocess.CompletedProcess:
         )
 
 
-def test_bert_report_draws_every_changed_region_in_view_in_chromium(bert_small_plans, tmp_path):
+def _check_in_chromium(plan: Plan, tmp_path: Path, name: str) -> None:
+    """Render the plan's report in headless Chromium: every named region drawn in both panes, inside the view, with
+    its name; a screenshot kept as the test's artifact (EQSAT_TEST_ARTIFACTS, .ci/run sets it)."""
     if not Path(CHROMIUM).exists():
         if os.environ.get("EQSAT_REQUIRE_BROWSER"):
             pytest.fail(f"{CHROMIUM} is absent and EQSAT_REQUIRE_BROWSER is set (.ci/run installs chromium)")
         pytest.skip(f"{CHROMIUM} is absent: install chromium to render the report headlessly")
-    plan = bert_small_plans["h100"]
-    page = html_report.to_html(plan, tmp_path / "bert.html")
+    page = html_report.to_html(plan, tmp_path / f"{name}.html")
     drawn = _Drawn()
     drawn.feed(_chromium(page, "--dump-dom").stdout)
     assert drawn.body.get("data-ready") == "yes", "the layout did not finish"
@@ -145,6 +146,26 @@ def test_bert_report_draws_every_changed_region_in_view_in_chromium(bert_small_p
             assert region.name.split("/")[-1] in " ".join(box["text"]), f"{region.name} is not named"
     artifacts = Path(os.environ.get("EQSAT_TEST_ARTIFACTS", tmp_path))
     artifacts.mkdir(parents=True, exist_ok=True)
-    shot = artifacts / "bert_report.png"
+    shot = artifacts / f"{name}.png"
     _chromium(page, f"--screenshot={shot}")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+def test_bert_report_draws_every_changed_region_in_view_in_chromium(bert_small_plans, tmp_path):
+    _check_in_chromium(bert_small_plans["h100"], tmp_path, "bert_small_report")
+
+
+@pytest.mark.slow
+def test_full_bert_report_shows_its_eight_layers_in_chromium(tmp_path):
+    """The acceptance case: `optimize --bench bert --target h100 --params-argnums 0 --html`, 8 layers."""
+    from benches.models.registry import MODELS
+
+    work = MODELS["bert"]("full")
+    limits = eqsat.Limits(seconds=300, measure_seconds=0)  # saturated however loaded the machine, roofline-priced
+    fast = eqsat.optimize(work.fn, target="h100", params_argnums=0, validate=False, limits=limits, extractor="greedy")
+    plan = fast.plan(*work.args)
+    assert plan.stop_reason == "saturated"
+    merged = [r for r in diff_regions(plan) if r.name.endswith("attention/{q,k,v}")]
+    assert [r.scope for r in merged] == [f"encoder/layer_{i}/attention" for i in range(8)]
+    assert all("shared-input-merge" in r.rules and r.sources for r in merged)
+    _check_in_chromium(plan, tmp_path, "bert_report")
