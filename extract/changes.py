@@ -43,19 +43,23 @@ class Region:
     after_s: float = 0.0
     sources: list[str] = field(default_factory=list)  # the source lines they came from, contractions' first
     rules: list[str] = field(default_factory=list)  # fired rules that build every op new here
+    comparable: bool = True  # both times priced for one target (a cpu plan's and an h100 plan's are not)
 
     @property
     def speedup(self) -> float:
         return self.before_s / self.after_s if self.after_s else float("inf") if self.before_s else 1.0
+
+    @property
+    def ratio_text(self) -> str:
+        """' (1.31x)', or nothing where the two times are not comparable or one is zero."""
+        return f" ({self.speedup:.2f}x)" if self.comparable and self.before_s and self.after_s else ""
 
     def line(self) -> str:
         """e.g. 'encoder/layer_3/attention: 3 Dot -> 1 Dot, 1 Concat, 3 Slice (rule shared-input-merge), 1.31x'"""
         text = f"{self.name}: {_ops(self.before)} -> {_ops(self.after)}"
         if self.rules:
             text += f" (rule{'s' if len(self.rules) > 1 else ''} {', '.join(self.rules)})"
-        text += f", {seconds_text(self.before_s)} -> {seconds_text(self.after_s)} predicted"
-        if self.after_s and self.before_s:
-            text += f" ({self.speedup:.2f}x)"
+        text += f", {seconds_text(self.before_s)} -> {seconds_text(self.after_s)} predicted{self.ratio_text}"
         if self.sources:
             text += f"; from {', '.join(self.sources[:3])}" + (" ..." if len(self.sources) > 3 else "")
         return text
@@ -73,7 +77,7 @@ def _ops(counts: Counter[str]) -> str:
     return ", ".join(f"{n} {op}" for op, n in ranked_ops(counts)) or "nothing"
 
 
-def regions(a: Program, b: Program, rules_fired: dict[str, int] | None = None) -> list[Region]:
+def regions(a: Program, b: Program, rules_fired: dict[str, int] | None = None, comparable: bool = True) -> list[Region]:
     """The regions where program b differs from program a, in program order (b's nodes first).
 
     A region is a group of changed nodes of both programs joined by the name stacks they come from: a node of
@@ -100,7 +104,7 @@ def regions(a: Program, b: Program, rules_fired: dict[str, int] | None = None) -
     builders = _rules_building()
     found = []
     for ks in members.values():
-        region = Region("")
+        region = Region("", comparable=comparable)
         scopes: dict[str, None] = {}
         contractions_first = sorted(ks, key=lambda k: items[k][0].nodes[items[k][1]].name not in _CONTRACTIONS)
         for k in contractions_first:  # so that the region's first source line is its GEMM's
@@ -195,8 +199,10 @@ def _changed_subgraphs(program: Program, changed: set[int]) -> list[str]:
     return [f"{_expr(program, i)}  : {type_text(program.nodes[i])}" for i in sorted(changed - consumed)]
 
 
-def _diff_programs(a: Program, b: Program, name_a: str, name_b: str, rules_fired: dict[str, int]) -> list[str]:
-    changed = regions(a, b, rules_fired)
+def _diff_programs(
+    a: Program, b: Program, name_a: str, name_b: str, rules_fired: dict[str, int], comparable: bool = True
+) -> list[str]:
+    changed = regions(a, b, rules_fired, comparable)
     lines = [f"regions ({name_a} -> {name_b}):", *(f"  {r.line()}" for r in changed)] if changed else []
     count_a = Counter((label(n), type_text(n)) for n in a.nodes)
     count_b = Counter((label(n), type_text(n)) for n in b.nodes)
@@ -225,7 +231,7 @@ def diff(a: "Plan", b: "Plan", names: tuple[str, str] = ("a", "b")) -> list[str]
         f"target {a.target} -> {b.target}",
         f"predicted time {seconds_text(a.predicted.seconds)} -> {seconds_text(b.predicted.seconds)}",
     ]
-    return head + _diff_programs(plan_program(a), plan_program(b), *names, b.rules_fired)
+    return head + _diff_programs(plan_program(a), plan_program(b), *names, b.rules_fired, a.target == b.target)
 
 
 def diff_original(plan: "Plan") -> list[str]:
@@ -298,7 +304,7 @@ def compare(
     console.print(table)
     first = plan_program(plans[0])
     for name, plan in zip(labels[1:], plans[1:], strict=True):
-        differ = regions(first, plan_program(plan), plan.rules_fired)
+        differ = regions(first, plan_program(plan), plan.rules_fired, plans[0].target == plan.target)
         data[name]["regions vs first"] = [r.line() for r in differ]
         heading = f"regions that differ, {labels[0]} -> {name}: {len(differ) or 'none'}"
         console.print(heading, highlight=False, markup=False, soft_wrap=True)

@@ -97,9 +97,7 @@ def _collapse_depth(cluster: list[str]) -> int | None:
 def _region_lines(region: Region, shown: str) -> list[str]:
     """A region's change in short lines, for the box of the cluster `shown` that draws it."""
     inner = region.name[len(shown) + 1 :] if region.name.startswith(shown + "/") else shown.rsplit("/", 1)[-1]
-    timing = f"{seconds_text(region.before_s)} -> {seconds_text(region.after_s)}"
-    if region.before_s and region.after_s:
-        timing += f" ({region.speedup:.2f}x)"
+    timing = f"{seconds_text(region.before_s)} -> {seconds_text(region.after_s)}{region.ratio_text}"
     lines = [f"{inner}: {timing}", f"  {_count(region.before)} -> {_count(region.after)}"]
     if region.rules:
         more = len(region.rules) - 2
@@ -236,7 +234,7 @@ def _regions_table(found: list[Region]) -> str:
             ", ".join(r.rules) or "-",
             seconds_text(r.before_s),
             seconds_text(r.after_s),
-            f"{r.speedup:.2f}x" if r.before_s and r.after_s else "-",
+            r.ratio_text.strip(" ()") or "-",
             ", ".join(r.sources[:3]),
         ]
         for r in found
@@ -287,7 +285,7 @@ def to_html(plan: Plan, path: str | Path, versus: Plan | None = None, labels: tu
         first, second = plan_program(plan), plan_program(versus)
         names, rules, kinds = labels, versus.rules_fired, ("original", "plan")
         title = f"eqsat plans {labels[0]} ({plan.target}) and {labels[1]} ({versus.target})"
-    found = regions(first, second, rules)
+    found = regions(first, second, rules, versus is None or plan.target == versus.target)
     only_first, only_second = unmatched(first, second)
     only_second |= {i for i, n in enumerate(second.nodes) if n.rewritten and versus is None}
     data = {
