@@ -72,13 +72,13 @@ def encode(graph: Graph) -> str:
 
 
 def _merge_group(graph: Graph, node: Node, canonical: list[int]) -> tuple | None:
-    """Which contractions a merge rule could join with this one: GEMMs of one input with matrix weights, convs of
-    one input with one stride and dilation, ungrouped (padding left out: a 1x1 conv enlarges to its 3x3 sibling)."""
-    if node.op == "Dot" and len(graph.nodes[node.inputs[1]].shape or ()) == 2:
-        return ("Dot", canonical[node.inputs[0]])
-    if node.op == "Conv" and node.attrs[8] == 1:
-        return ("Conv", canonical[node.inputs[0]], *node.attrs[:2], *node.attrs[6:8])
-    return None
+    """Which contractions a merge rule could join with this one: those of its op reading the same first input whose
+    op table's merge_key agrees."""
+    spec = OPS.get(node.op)
+    if spec is None or spec.merge_key is None:
+        return None
+    key = spec.merge_key(node.attrs, [graph.nodes[i].shape for i in node.inputs])
+    return None if key is None else (node.op, canonical[node.inputs[0]], *key)
 
 
 def _term(graph: Graph, node: Node) -> str:

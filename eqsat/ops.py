@@ -7,6 +7,7 @@ their parameters become its attributes), and which attributes `rules check` may 
 prelude, the cost model, lowering and `rules check` all read this table; a new op is one entry.
 """
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -54,6 +55,9 @@ class OpSpec:
     # hand-written generator in eqsat/generators.py are drawn from it (no attributes: the op on random inputs)
     example_attrs: Callable[[Shape], list[tuple]] | None = None
     declaration: str | None = None  # egglog declaration, for a structural op that is not a plain constructor
+    # (attrs, input shapes) -> what siblings reading the same first input must share for a merge rule to join
+    # them (their place among those siblings goes to egglog: see encode.prelude); None: not mergeable
+    merge_key: Callable[[tuple, list[Shape | None]], tuple | None] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_class", CostClass(self.cost_class))
@@ -356,6 +360,10 @@ def _broadcast_batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
     return lax.reduce_sum(lax.mul(left, right), (n - 1,))
 
 
+def _conv_merge_key(attrs: tuple, _shapes: list[Shape | None]) -> tuple | None:
+    return (*attrs[:2], *attrs[6:8]) if attrs[8] == 1 else None  # stride and dilation; ungrouped
+
+
 def _conv_op(
     name: str, lower: Callable[..., Any], groups: tuple[str, str] = _FEATURE_GROUPS, alternative: bool = False
 ) -> OpSpec:
@@ -414,6 +422,7 @@ OPS: dict[str, OpSpec] = {
                 " ((set (shape e) (vec-append (vec-pop sa) (vec-remove sb 0)))))",
             ),
             contracted=lambda shapes: shapes[0][-1],
+            merge_key=lambda _attrs, shapes: () if len(shapes[1] or ()) == 2 else None,  # matrix weights
         ),
         # a GEMM with its bias and activation (never captured: rules group them)
         OpSpec(
@@ -455,7 +464,11 @@ OPS: dict[str, OpSpec] = {
         ),
         # NHWC x HWIO convolution: (Conv stride_h stride_w pad_top pad_bottom pad_left pad_right
         #                                dilation_h dilation_w groups x w)
-        _conv_op("Conv", _conv),
+        # ungrouped convs of one stride and dilation merge (padding left out: a 1x1 conv enlarges to its 3x3 sibling)
+        dataclasses.replace(
+            _conv_op("Conv", _conv),
+            merge_key=lambda attrs, _shapes: (*attrs[:2], *attrs[6:8]) if attrs[8] == 1 else None,
+        ),
         # The same attributes, a depthwise conv (one input channel per group) computed as shifted multiply-adds;
         # rules/kernels.egg puts it beside the Conv it can replace, the timing cache prices both.
         _conv_op("ShiftConv", _shifted_conv, alternative=True),
