@@ -199,6 +199,15 @@ def _take_rows(_attrs: tuple, table: Any, ids: Any) -> Any:
     return jnp.where((ids >= 0)[..., None], rows, jnp.zeros((), table.dtype))
 
 
+def _scatter_rows(attrs: tuple, rows: Any, ids: Any) -> Any:
+    """A zero table of `depth` rows with rows[n] added into row ids[n]: what one_hot(ids, depth).T @ rows computes,
+    an embedding's gradient. An id outside [0, depth) adds nothing, as its one-hot row is all zeros; jnp's indexing
+    would wrap a negative one, so every such id is sent past the end, where mode="drop" drops it."""
+    (depth,) = attrs
+    table = jnp.zeros((depth, *rows.shape[1:]), rows.dtype)
+    return table.at[jnp.where((ids >= 0) & (ids < depth), ids, depth)].add(rows, mode="drop")
+
+
 def _batch_dot_shape_rules(name: str) -> tuple[str, ...]:
     """[B..., M, K] x [B..., K, N] -> [B..., M, N], for BatchDot and its alternative."""
     return (
@@ -473,6 +482,21 @@ OPS: dict[str, OpSpec] = {
             (
                 "(rule ((= e (Take a b)) (= sa (shape a)) (= sb (shape b)) (>= (vec-length sa) 1))"
                 " ((set (shape e) (vec-append sb (vec-remove sa 0)))))",
+            ),
+            alternative=True,
+        ),
+        # (ScatterRows depth rows ids): rows[N, ...] added into a zero [depth, ...] table at ids[N], ids out of range
+        # dropped; rules/kernels.egg puts it beside one_hot(ids).T @ rows (an embedding's gradient)
+        OpSpec(
+            "ScatterRows",
+            ("i64",),
+            2,
+            "gather",
+            _scatter_rows,
+            (
+                "(rule ((= e (ScatterRows k0 a b)) (= sa (shape a)) (= sb (shape b)) (= (vec-length sb) 1)"
+                " (>= (vec-length sa) 1) (= (vec-get sa 0) (vec-get sb 0)) (> k0 0))"
+                " ((set (shape e) (vec-set sa 0 k0))))",
             ),
             alternative=True,
         ),

@@ -158,6 +158,9 @@ def node_cost(
         return Cost(seconds + overhead, flops, moved, 1)
     if cost_class == "gather":  # reads the rows it returns and the indices, writes them: the table stays put
         moved = 2 * out_bytes + (value_bytes(in_shapes[-1], dtype) if in_shapes else 0)
+        measured = _timed(profile, op, attrs, in_shapes, dtype)
+        if measured is not None:
+            return Cost(measured, 0.0, moved, 1, measured=1)
         return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
     if cost_class == "window":  # a pool: one pass over its input and output, a compare or add per window element
         assert out_shape is not None
