@@ -4,6 +4,7 @@
     python -m benches.kernels                       # all cases (the keras ones need `pip install -e .[models]`)
     python -m benches.kernels --only onehot,MobileNetV2 --markdown rows.md
     python -m benches.kernels --only maxpool,sumpool,grouped56,grouped7,tinybatch   # DESIGN.md §2b's single ops
+    python -m benches.kernels --only transposed_gemv   # x @ W.T with W a declared parameter, timed prepared
 
 Per case: the ratio (jax.jit time / eqsat time) with its interquartile range; jax.jit's first call; eqsat's first
 call with an empty timing cache and again with the cache warm (the plans forgotten and made again, as a later
@@ -27,6 +28,7 @@ import eqsat
 from benches.models import nasnet_a
 from benches.real_models import _keras_app
 from eqsat.measure import compare
+from eqsat.versus import against_jit
 from eqsat.workload import Workload
 
 KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "ConvNeXtTiny")
@@ -77,6 +79,11 @@ def _grouped(size: int, channels: int) -> Workload:
     )
 
 
+def _transposed_gemv() -> Workload:
+    """x @ W.T (a PyTorch-style layer), x 1x1024, W 4096x1024, the weight a declared parameter, prepared."""
+    return Workload("transposed_gemv", lambda w, x: x @ w.T, (_normal(4096, 1024), _normal(1, 1024)), (0,))
+
+
 SMALL = {  # DESIGN.md §2b's single ops
     "maxpool": lambda: _pool("max"),
     "sumpool": lambda: _pool("sum"),
@@ -85,6 +92,7 @@ SMALL = {  # DESIGN.md §2b's single ops
     "tinybatch": lambda: Workload(
         "tinybatch", lambda a, b: jnp.einsum("nij,njk->nik", a, b), (_normal(4096, 4, 4), _normal(4096, 4, 4))
     ),
+    "transposed_gemv": _transposed_gemv,
 }
 
 
@@ -135,7 +143,10 @@ def measure(name: str, seconds: float) -> dict[str, Any]:
         float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(a)), 1e-30))
         for a, b in zip(jax.tree.leaves(baseline(*work.args)), jax.tree.leaves(fast(*work.args)), strict=True)
     )
-    timing = compare(baseline, fast, work.args, seconds)
+    # a workload with parameters is timed as `prepare` runs it (the first calls above are plain ones)
+    timing = (
+        against_jit(work, seconds=seconds)[0] if work.params_argnums else compare(baseline, fast, work.args, seconds)
+    )
     return {
         "case": name,
         "ratio": timing.ratio,
