@@ -5,6 +5,7 @@
     python -m benches.kernels --only onehot,MobileNetV2 --markdown rows.md
     python -m benches.kernels --only maxpool,sumpool,grouped56,grouped7,tinybatch   # DESIGN.md §2b's single ops
     python -m benches.kernels --only transposed_gemv   # x @ W.T with W a declared parameter, timed prepared
+    python -m benches.kernels --only argmax   # argmax over the last axis of 64x32000 (a vocabulary's logits)
 
 Per case: the ratio (jax.jit time / eqsat time) with its interquartile range; jax.jit's first call; eqsat's first
 call with an empty timing cache and again with the cache warm (the plans forgotten and made again, as a later
@@ -93,6 +94,7 @@ SMALL = {  # DESIGN.md §2b's single ops
         "tinybatch", lambda a, b: jnp.einsum("nij,njk->nik", a, b), (_normal(4096, 4, 4), _normal(4096, 4, 4))
     ),
     "transposed_gemv": _transposed_gemv,
+    "argmax": lambda: Workload("argmax", lambda x: jnp.argmax(x, axis=-1), (_normal(64, 32000),)),
 }
 
 

@@ -80,6 +80,8 @@ def _model(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, t
         return None
     if name == "convert_element_type":
         return _model_one_hot(graph, eqn, inputs)
+    if name in ("argmax", "argmin"):
+        return _model_arg_reduce(graph, eqn, inputs)
     dtypes = {v.aval.dtype for v in (*eqn.invars, *eqn.outvars)}
     if len(dtypes) != 1 or dtypes == {np.dtype(bool)} or not isinstance(next(iter(dtypes)), np.dtype):
         return None
@@ -249,6 +251,13 @@ def _model_one_hot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tupl
     if graph.nodes[ids].shape != expanded.shape[:-1]:
         return None
     return "OneHot", (int(call.params["shape"][-1]), str(eqn.outvars[0].aval.dtype)), [ids]
+
+
+def _model_arg_reduce(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    """lax.argmax / lax.argmin along one axis as (ArgReduce "max"|"min" axis index_dtype x)."""
+    (axis,) = eqn.params["axes"]
+    kind = eqn.primitive.name.removeprefix("arg")
+    return "ArgReduce", (kind, int(axis), np.dtype(eqn.params["index_dtype"]).name), inputs
 
 
 def _model_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:

@@ -26,7 +26,8 @@ class OpSpec:
     attrs: tuple[str, ...]  # egglog sorts of the leading attribute arguments
     arity: int  # tensor inputs after the attributes
     # "source" | "contraction" | "elementwise" (fused by XLA: slices, concats too) | "bitcast" (a row-major reshape:
-    # XLA moves no data) | "gather" | "window" (a pooling pass: reads its input once, writes its output) | "opaque"
+    # XLA moves no data) | "gather" | "window" (a pooling pass: reads its input once, writes its output) |
+    # "reduction" (an index-returning reduction: reads its input once) | "opaque"
     cost_class: str
     lower: Callable[..., Any] | None  # lower(attrs, *inputs) -> jax value
     shape_rules: tuple[str, ...] = ()  # egglog rule bodies; `e` is the node, `sa`/`sb` input shapes
@@ -206,6 +207,26 @@ def _scatter_rows(attrs: tuple, rows: Any, ids: Any) -> Any:
     (depth,) = attrs
     table = jnp.zeros((depth, *rows.shape[1:]), rows.dtype)
     return table.at[jnp.where((ids >= 0) & (ids < depth), ids, depth)].add(rows, mode="drop")
+
+
+def _arg_reduce(attrs: tuple, x: Any) -> Any:
+    """(ArgReduce kind axis index_dtype x): jnp.argmax / jnp.argmin along one axis (lax.argmax / lax.argmin)."""
+    kind, axis, index_dtype = attrs
+    return (lax.argmax if kind == "max" else lax.argmin)(x, axis, np.dtype(index_dtype))
+
+
+def _masked_arg_reduce(attrs: tuple, x: Any) -> Any:
+    """The same index as the first position holding the max (min): a max, then a min of the positions equal to it,
+    two fused reductions where XLA:CPU's one (value, index) reduction runs 6-10x slower (benches/RESULTS.md). A NaN
+    is the extreme, as for lax.argmax: the max is then NaN, and the first NaN's position is taken."""
+    kind, axis, index_dtype = attrs
+    extreme = (lax.reduce_max if kind == "max" else lax.reduce_min)(x, (axis,))
+    hit = x == lax.broadcast_in_dim(extreme, x.shape, tuple(d for d in range(x.ndim) if d != axis))
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        hit = hit | (x != x)
+    positions = lax.broadcasted_iota(np.dtype(index_dtype), x.shape, axis)
+    past_end = lax.full(x.shape, x.shape[axis], np.dtype(index_dtype))
+    return lax.reduce_min(lax.select(hit, positions, past_end), (axis,))
 
 
 def _batch_dot_shape_rules(name: str) -> tuple[str, ...]:
@@ -499,6 +520,24 @@ OPS: dict[str, OpSpec] = {
                 " ((set (shape e) (vec-set sa 0 k0))))",
             ),
             alternative=True,
+        ),
+        # (ArgReduce kind axis index_dtype x), kind "max" or "min": captured from lax.argmax / lax.argmin;
+        # ArgReduceMasked computes it as a max (min) and a min of the positions that hold it
+        *(
+            OpSpec(
+                name,
+                ("String", "i64", "String"),
+                1,
+                "reduction",
+                lower,
+                (
+                    f"(rule ((= e ({name} k0 k1 k2 a)) (= sa (shape a)) (>= k1 0) (< k1 (vec-length sa))"
+                    " (> (vec-get sa k1) 0)) ((set (shape e) (vec-remove sa k1))))",
+                ),
+                dtype_rule=f"(rule ((= e ({name} k0 k1 k2 a))) ((set (dtype e) k2)))",
+                alternative=name.endswith("Masked"),
+            )
+            for name, lower in (("ArgReduce", _arg_reduce), ("ArgReduceMasked", _masked_arg_reduce))
         ),
         # broadcast_in_dim: (Bcast target_shape dims a)
         OpSpec(

@@ -485,6 +485,20 @@ def _gen_one_hot(draw: DrawFn, prog: Program, use: str) -> int:
     return prog.apply(f"one_hot{depth}", one_hot, x)
 
 
+def _gen_arg_reduce(draw: DrawFn, prog: Program) -> int:
+    """argmax or argmin along an axis, of the input or of its floor (ties: the first position counts), the index
+    as a float so that later steps can use it."""
+    x = prog.pick(draw, lambda s: len(s) >= 1, _dims(draw, draw(st.integers(1, 3))))
+    axis = draw(st.integers(0, len(prog.shapes[x]) - 1))
+    reduce = draw(st.sampled_from([jnp.argmax, jnp.argmin]))
+    tied = draw(st.booleans())
+
+    def index(v: Any) -> Any:
+        return reduce(jnp.floor(v) if tied else v, axis=axis).astype(v.dtype)
+
+    return prog.apply(f"{reduce.__name__}{axis}{'_of_floor' if tied else ''}", index, x)
+
+
 def _gen_sibling_convs(draw: DrawFn, prog: Program) -> int:
     """Two convs of one input with one window, kept apart or concatenated on channels: conv-merge patterns."""
     x = _conv_input(draw, prog, 1)
@@ -675,6 +689,8 @@ GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     "OneHot": lambda draw, prog: _gen_one_hot(draw, prog, ""),
     "Take": lambda draw, prog: _gen_one_hot(draw, prog, "table"),
     "ScatterRows": lambda draw, prog: _gen_one_hot(draw, prog, "gradient"),
+    "ArgReduce": _gen_arg_reduce,
+    "ArgReduceMasked": _gen_arg_reduce,
     "sibling-convs": _gen_sibling_convs,
     "Op": _gen_opaque,
     **{f"Transpose{'-' + inner if inner else ''}": _transpose(inner) for inner in _TRANSPOSE_INNER},

@@ -156,23 +156,17 @@ def node_cost(
         seconds += _epilogue_passes(op, attrs, profile) * out_bytes / profile.bandwidth_for(out_bytes)
         overhead = profile.launch_overhead if profile.contraction_overhead is None else profile.contraction_overhead
         return Cost(seconds + overhead, flops, moved, 1)
+    # the rest make one pass over the bytes they move, one kernel each, unless the timing cache measured them
     if cost_class == "gather":  # reads the rows it returns and the indices, writes them: the table stays put
         moved = 2 * out_bytes + (value_bytes(in_shapes[-1], dtype) if in_shapes else 0)
-        measured = _timed(profile, op, attrs, in_shapes, dtype)
-        if measured is not None:
-            return Cost(measured, 0.0, moved, 1, measured=1)
-        return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
-    if cost_class == "window":  # a pool: one pass over its input and output, a compare or add per window element
-        assert out_shape is not None
+    else:  # a pool, an index-returning reduction, an opaque primitive: reads its inputs once, writes its output
         moved = in_bytes + out_bytes
-        measured = _timed(profile, op, attrs, in_shapes, dtype)
-        flops = float(prod(out_shape) * prod(attrs[0]))
-        if measured is not None:
-            return Cost(measured, flops, moved, 1, measured=1)
-        return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, flops, moved, 1)
-    # opaque primitives: one pass over their data, one kernel
-    moved = in_bytes + out_bytes
-    return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
+    # a pool compares or adds once per output element and window element
+    flops = float(prod(out_shape or ()) * prod(attrs[0])) if cost_class == "window" else 0.0
+    measured = _timed(profile, op, attrs, in_shapes, dtype)
+    if measured is not None:
+        return Cost(measured, flops, moved, 1, measured=1)
+    return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, flops, moved, 1)
 
 
 def _timed(profile: Profile, op: str, attrs: tuple, in_shapes: list[Shape | None], dtype: str | None) -> float | None:

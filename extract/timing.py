@@ -42,9 +42,9 @@ def versions() -> str:
 
 
 def measurable(op: str) -> bool:
-    """Contraction-, gather- and window-class ops (GEMMs, convs, pools and their alternatives): the kernels whose
-    speed the roofline misses."""
-    return op in OPS and OPS[op].cost_class in ("contraction", "gather", "window")
+    """Contraction-, gather-, window- and reduction-class ops (GEMMs, convs, pools, argmax and their alternatives):
+    the kernels whose speed the roofline misses."""
+    return op in OPS and OPS[op].cost_class in ("contraction", "gather", "window", "reduction")
 
 
 @dataclass
