@@ -6,7 +6,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from eqsat.extract.plan import Plan
-from eqsat.ops import OPS
+from eqsat.graph_walk import reachable
 
 
 def lower(plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int] = ()) -> Callable[..., list[Any]]:
@@ -24,21 +24,15 @@ def lower(plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int]
 
     def run(*args: Any) -> list[Any]:
         values: dict[int, Any] = dict(zip(given, args[n_args:], strict=True))
+
+        def variable(name: str) -> Any:
+            # constants become arrays here, in the trace that uses them: made earlier, under another trace, they
+            # would be that trace's values and leak
+            return args[input_names[name]] if name in input_names else jnp.asarray(graph.consts[name])
+
         for i in needed:
             node = plan.nodes[i]
-            ins = [values[j] for j in node.inputs]
-            if node.op == "Var":
-                name = node.attrs[0]
-                # constants become arrays here, in the trace that uses them: made earlier, under another
-                # trace, they would be that trace's values and leak
-                values[i] = args[input_names[name]] if name in input_names else jnp.asarray(graph.consts[name])
-            elif node.op == "Op":
-                call = graph.opaque[node.attrs[0]]
-                values[i] = call.primitive.bind(*ins, **call.params)
-            elif node.op == "Get":
-                values[i] = ins[0][node.attrs[0]]
-            else:
-                values[i] = OPS[node.op].lower(node.attrs, *ins)
+            values[i] = graph.apply(node.op, node.attrs, [values[j] for j in node.inputs], variable)
         return [values[i] for i in wanted]
 
     return run
@@ -46,14 +40,8 @@ def lower(plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int]
 
 def _needed(plan: Plan, roots: list[int], given: set[int]) -> list[int]:
     """The plan nodes the roots depend on, stopping at given ones, in plan (topological) order."""
-    seen: set[int] = set()
-    stack = [r for r in roots if r not in given]
-    while stack:
-        i = stack.pop()
-        if i not in seen:
-            seen.add(i)
-            stack.extend(j for j in plan.nodes[i].inputs if j not in given)
-    return sorted(seen)
+    wanted = [r for r in roots if r not in given]
+    return sorted(reachable(wanted, lambda i: [j for j in plan.nodes[i].inputs if j not in given]))
 
 
 def weight_boundary(plan: Plan) -> list[int]:
