@@ -329,10 +329,15 @@ def _gen_arg_reduce(draw: DrawFn, prog: Program) -> int:
     return prog.apply(f"{reduce.__name__}{axis}{'_of_floor' if tied else ''}", index, x)
 
 
-def _gen_naive_softmax(draw: DrawFn, prog: Program) -> int:
-    """exp(x) / sum(exp(x)) over the last axis, rank 2-4, as people write it: what the stable-softmax rules match."""
-    x = prog.fresh(dims(draw, draw(st.integers(2, 4))))
-    return prog.apply("naive_softmax", lambda v: jnp.exp(v) / jnp.sum(jnp.exp(v), axis=-1, keepdims=True), x)
+def _naive_softmax(rank: int) -> Callable[[DrawFn, Program], int]:
+    """exp(x) / sum(exp(x)) over the last axis of a rank-`rank` input, as people write it: what the stable-softmax
+    rule of that rank matches (one entry per rank, so that each rank leads programs of its own)."""
+
+    def gen(draw: DrawFn, prog: Program) -> int:
+        x = prog.fresh(dims(draw, rank))
+        return prog.apply("naive_softmax", lambda v: jnp.exp(v) / jnp.sum(jnp.exp(v), axis=-1, keepdims=True), x)
+
+    return gen
 
 
 def _gen_naive_logsumexp(draw: DrawFn, prog: Program) -> int:
@@ -400,7 +405,7 @@ ALGEBRA: dict[str, Callable[[DrawFn, Program], int]] = {
     "shared-dots": _gen_shared_dots,
     "step-projections": _gen_step_projections,
     "transposed": _gen_transposed,
-    "Softmax": _gen_naive_softmax,
+    **{f"Softmax-{rank}d": _naive_softmax(rank) for rank in (2, 3, 4)},
     "LogSumExp": _gen_naive_logsumexp,
     "exp-of-bcast": _unary_of_broadcast(lambda v: lax.exp(lax.tanh(v))),
     "tanh-of-bcast": _unary_of_broadcast(lax.tanh),
