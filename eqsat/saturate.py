@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import egglog.bindings as egg
 
 from eqsat import progress
+from eqsat.chains import CHAIN_RULE, FACTOR_RULE, alternatives
 from eqsat.encode import ANALYSIS, FACTS, encode, prelude
 from eqsat.errors import ShapeConflictError
 from eqsat.ir import Graph
@@ -83,9 +84,9 @@ def _analyse(egraph: egg.EGraph, deadline: float, nodes: int) -> str | None:
 def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
     start = time.perf_counter()
     deadline = start + limits.seconds
-    egraph, rule_commands = _build(graph, rules)
+    egraph, rule_commands, matches = _build(graph, rules)
     step = egraph.parse_program(_REWRITE)
-    stop_reason, iterations, matches = "iterations", 0, {}
+    stop_reason, iterations = "iterations", 0
     if limits.seconds <= 0:  # no time at all means no step; a positive limit always allows the first
         stop_reason = "seconds"
     while stop_reason == "iterations" and iterations < limits.iterations:
@@ -129,7 +130,10 @@ def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
     return snapshot
 
 
-def _build(graph: Graph, rules: list[RuleSource]) -> tuple[egg.EGraph, list[tuple[RuleSource, object]]]:
+def _build(graph: Graph, rules: list[RuleSource]) -> tuple[egg.EGraph, list[tuple[RuleSource, object]], dict[str, int]]:
+    """The e-graph of the graph, with the rules declared and each whole chain's best order beside it (eqsat/chains.py,
+    under the names of the rules it stands for, where they are enabled); returns it, the rule commands and the
+    pass's matches."""
     egraph = egg.EGraph()
     egraph.run_program(*egraph.parse_program(prelude()))
     rule_commands = []
@@ -139,7 +143,12 @@ def _build(graph: Graph, rules: list[RuleSource]) -> tuple[egg.EGraph, list[tupl
             egraph.run_program(command)
     egraph.run_program(*egraph.parse_program("(let-scheduler eqsat_backoff (back-off))"))
     egraph.run_program(*egraph.parse_program(encode(graph)))
-    return egraph, rule_commands
+    enabled = {name for name in (CHAIN_RULE, FACTOR_RULE) if any(f':name "{name}"' in src.text for src in rules)}
+    extra = alternatives(graph, order_chains=CHAIN_RULE in enabled, factor_sums=FACTOR_RULE in enabled)
+    if extra.commands:
+        egraph.run_program(*egraph.parse_program("\n".join(extra.commands)))
+    matches = {name: count for name, count in ((CHAIN_RULE, extra.chains), (FACTOR_RULE, extra.sums)) if count}
+    return egraph, rule_commands, matches
 
 
 def _size(egraph: egg.EGraph) -> int:
@@ -155,7 +164,7 @@ def _explain_conflict(
     if "Illegal merge" not in text:
         return error
     for src, command in commands:
-        egraph, _ = _build(graph, [RuleSource(src.name, src.origin, str(command))])
+        egraph, _, _ = _build(graph, [RuleSource(src.name, src.origin, str(command))])
         step = egraph.parse_program(_REWRITE)
         try:
             for _ in range(max(iterations, 1)):
