@@ -84,7 +84,8 @@ def _analyse(egraph: egg.EGraph, deadline: float, nodes: int) -> str | None:
 def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
     start = time.perf_counter()
     deadline = start + limits.seconds
-    egraph, rule_commands, matches = _build(graph, rules)
+    # the whole-chain pass is a rewrite like the rules: where no step is allowed, none of it either
+    egraph, rule_commands, matches = _build(graph, rules, whole_chains=limits.iterations > 0 and limits.seconds > 0)
     step = egraph.parse_program(_REWRITE)
     stop_reason, iterations = "iterations", 0
     if limits.seconds <= 0:  # no time at all means no step; a positive limit always allows the first
@@ -130,7 +131,9 @@ def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
     return snapshot
 
 
-def _build(graph: Graph, rules: list[RuleSource]) -> tuple[egg.EGraph, list[tuple[RuleSource, object]], dict[str, int]]:
+def _build(
+    graph: Graph, rules: list[RuleSource], whole_chains: bool = True
+) -> tuple[egg.EGraph, list[tuple[RuleSource, object]], dict[str, int]]:
     """The e-graph of the graph, with the rules declared and each whole chain's best order beside it (eqsat/chains.py,
     under the names of the rules it stands for, where they are enabled); returns it, the rule commands and the
     pass's matches."""
@@ -143,7 +146,8 @@ def _build(graph: Graph, rules: list[RuleSource]) -> tuple[egg.EGraph, list[tupl
             egraph.run_program(command)
     egraph.run_program(*egraph.parse_program("(let-scheduler eqsat_backoff (back-off))"))
     egraph.run_program(*egraph.parse_program(encode(graph)))
-    enabled = {name for name in (CHAIN_RULE, FACTOR_RULE) if any(f':name "{name}"' in src.text for src in rules)}
+    passes = (CHAIN_RULE, FACTOR_RULE) if whole_chains else ()
+    enabled = {name for name in passes if any(f':name "{name}"' in src.text for src in rules)}
     extra = alternatives(graph, order_chains=CHAIN_RULE in enabled, factor_sums=FACTOR_RULE in enabled)
     if extra.commands:
         egraph.run_program(*egraph.parse_program("\n".join(extra.commands)))
