@@ -53,11 +53,17 @@ def program_key(closed: jcore.ClosedJaxpr, settings: tuple) -> str:
 def _feed(digest: Any, jaxpr: jcore.Jaxpr) -> None:
     """Every equation of the jaxpr (sub-programs included): primitive, parameters, operands and types."""
     names: dict[Any, int] = {}
+    types: dict[Any, str] = {}  # printing an aval is most of the cost: once per distinct aval
+
+    def typed(aval: Any) -> str:
+        if aval not in types:
+            types[aval] = str(aval)
+        return types[aval]
 
     def atom(v: Any) -> str:
         if isinstance(v, jcore.Literal):
-            return f"{v.val!r}:{v.aval}"
-        return f"%{names.setdefault(v, len(names))}:{v.aval}"
+            return f"{v.val!r}:{typed(v.aval)}"
+        return f"%{names.setdefault(v, len(names))}:{typed(v.aval)}"
 
     digest.update(" ".join(map(atom, (*jaxpr.constvars, *jaxpr.invars))).encode())
     for eqn in jaxpr.eqns:
