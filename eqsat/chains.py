@@ -14,11 +14,15 @@ The pass runs where its rules are enabled, and reports its matches under their n
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from eqsat.ir import Graph
 
 CHAIN_RULE = "dot-assoc-right"
 FACTOR_RULE = "dot-factor-left"
 _CONTRACTIONS = ("Dot", "BatchDot")
+# the programme is cubic in the chain's length (256 operands: 0.3-1 s): longer chains are left to the rules
+MAX_CHAIN = 256
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ def alternatives(graph: Graph, order_chains: bool = True, factor_sums: bool = Tr
     chains = sums = 0
     if order_chains:
         for root, operands in _roots(graph, uses, _chain_step).items():
-            if len(operands) >= 3:
+            if 3 <= len(operands) <= MAX_CHAIN:
                 commands.append(f"(union {_ref(root)} {_ordered(graph, graph.nodes[root].op, operands)})")
                 chains += 1
     if factor_sums:
@@ -125,29 +129,24 @@ def _ordered(graph: Graph, op: str, operands: list[int]) -> str:
 
 def chain_order(shapes: list[tuple[int, ...]]) -> dict[tuple[int, int], int]:
     """The matrix-chain dynamic programme over tensors contracted last axis to first: for each interval (lo, hi)
-    of the chain, the k where its cheapest order splits it into (lo..k)(k+1..hi)."""
+    of the chain, the k where its cheapest order splits it into (lo..k)(k+1..hi). Vectorized over k: 256 operands
+    plan in a fraction of a second."""
     n = len(shapes)
-
-    def size(lo: int, hi: int) -> int:  # elements of the product of operands lo..hi
-        total = 1
-        for shape in shapes[lo : hi + 1]:
-            for d in shape:
-                total *= d
-        for shape in shapes[lo:hi]:
-            total //= shape[-1] ** 2  # each contracted axis appears on both sides
-        return total
-
-    sizes = {(lo, hi): size(lo, hi) for lo in range(n) for hi in range(lo, n)}
-    best: dict[tuple[int, int], int] = {(i, i): 0 for i in range(n)}
+    # elements of the product of operands lo..hi: all their axes but the contracted ones (each on both sides),
+    # from prefix sums of logarithms, so that no product of a long chain's axes overflows
+    logs = np.concatenate([[0.0], np.cumsum([np.log(np.prod(s, dtype=np.float64)) for s in shapes])])
+    contracted = np.array([float(s[-1]) for s in shapes[:-1]] or [1.0])
+    log_k = np.concatenate([[0.0], np.cumsum(np.log(contracted))])
+    lo, hi = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    sizes = np.rint(np.exp(logs[hi + 1] - logs[lo] - 2 * (log_k[np.maximum(hi, lo)] - log_k[lo])))
+    best = np.zeros((n, n))
     split: dict[tuple[int, int], int] = {}
     for length in range(2, n + 1):
-        for lo in range(n - length + 1):
-            hi = lo + length - 1
-            cost, split[lo, hi] = min(
-                (best[lo, k] + best[k + 1, hi] + sizes[lo, k] * sizes[k + 1, hi] // shapes[k][-1], k)
-                for k in range(lo, hi)
-            )
-            best[lo, hi] = cost
+        for a in range(n - length + 1):
+            b = a + length - 1
+            costs = best[a, a:b] + best[a + 1 : b + 1, b] + sizes[a, a:b] * sizes[a + 1 : b + 1, b] / contracted[a:b]
+            k = int(np.argmin(costs))
+            best[a, b], split[a, b] = costs[k], a + k
     return split
 
 
