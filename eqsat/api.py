@@ -472,8 +472,10 @@ class Optimized:
         if self._nothing_to_gain(plan) or plan.fallback:  # run the original program exactly as jax.jit would
             return _Entry(signature, plan, original, original, out_tree, validated=True, key=key)
         optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
-        reference = _COMPILER.submit(_compiled_reference, closed) if self.validate else None
-        return _Entry(signature, plan, optimized, original, out_tree, not self.validate, params, reference, key)
+        # a kept plan that validation accepted in an earlier process is trusted as it is within one
+        validated = not self.validate or bool(plan.stats.get("stored_validated"))
+        reference = None if validated else _COMPILER.submit(_compiled_reference, closed)
+        return _Entry(signature, plan, optimized, original, out_tree, validated, params, reference, key)
 
     def _original_entry(self, signature: _Signature, call: Callable[..., Any], out_tree: Any, why: str) -> _Entry:
         """An entry that runs the original, with a plan of no nodes that says why."""
@@ -592,6 +594,8 @@ class Optimized:
             with jax.ensure_compile_time_eval():
                 wrong = _beyond_conditioning(entry.original, flat, expected, got)
         if wrong is None:
+            if entry.key:
+                plan_store.mark_validated(entry.key)
             return False
         k, problem = wrong
         progress.begin("validate", "validate: finding the rules the mismatch depends on")

@@ -4,11 +4,14 @@ extractor, parameters, eqsat's and jax's versions).
 
 A new process optimizing the same function traces it, finds the plan by that key and skips saturation and
 extraction; capture (one pass over the equations, which gives the constants and opaque calls a plan runs with)
-and validation still run. A plan priced by measured kernel times is reused only while the timing cache holds the
-same times for its kernels. Set EQSAT_PLAN_STORE=off to neither read nor write stored plans.
+runs. A plan priced by measured kernel times is reused only while the timing cache holds the same times for its
+kernels. Validation runs on a kept plan's first call unless it accepted that plan in an earlier process (a plan is
+validated once per signature within a process too). Set EQSAT_PLAN_STORE=off to neither read nor write stored plans.
 """
 
+import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -20,6 +23,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
+from eqsat.encode import prelude
 from eqsat.extract.cost import Profile, cache_dir
 from eqsat.extract.plan import Plan
 from eqsat.extract.report import PlanFormatError, plan_from_dict, plan_to_dict
@@ -41,13 +45,24 @@ def program_key(closed: jcore.ClosedJaxpr, settings: tuple) -> str:
     """The key of a program under these settings: a digest of the jaxpr's equations, its constants and the
     settings (written out here rather than printed by jax: printing a 2,000-equation jaxpr takes 0.2 s)."""
     digest = hashlib.blake2b(digest_size=20)
-    digest.update(f"{FORMAT}/{VERSION}/jax {jax.__version__}/{settings!r}".encode())
+    digest.update(f"{FORMAT}/{VERSION}/jax {jax.__version__}/{_code_version()}/{settings!r}".encode())
     _feed(digest, closed.jaxpr)
     for value in closed.consts:
         array = np.asarray(value)
         digest.update(f"{array.shape}{array.dtype}".encode())
         digest.update(np.ascontiguousarray(array).tobytes())
     return digest.hexdigest()
+
+
+@functools.cache
+def _code_version() -> str:
+    """eqsat's version and a digest of its op table (the prelude it generates: every op's constructor, attributes
+    and shape rules), so that a plan of another op table is never lowered with this one."""
+    try:
+        version = importlib.metadata.version("eqsat")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return f"{version}/{hashlib.blake2b(prelude().encode(), digest_size=12).hexdigest()}"
 
 
 def _feed(digest: Any, jaxpr: jcore.Jaxpr) -> None:
@@ -112,10 +127,13 @@ def load(key: str, profile: Profile) -> Plan | None:
     if data.get("timings") != _timings_now(profile, list(data.get("timings") or {})):
         return None
     try:
-        return plan_from_dict(data["plan"])
+        plan = plan_from_dict(data["plan"])
     except (KeyError, PlanFormatError) as error:
         log.warning("eqsat: ignoring the stored plan %s (%s)", path, error)
         return None
+    if data.get("validated"):
+        plan.stats["stored_validated"] = 1.0
+    return plan
 
 
 def save(key: str, plan: Plan, profile: Profile, snapshot: Snapshot | None) -> None:
@@ -130,6 +148,22 @@ def save(key: str, plan: Plan, profile: Profile, snapshot: Snapshot | None) -> N
         "timings": _timings_now(profile, keys),
         "plan": plan_to_dict(plan),
     }
+    _write(key, data)
+
+
+def mark_validated(key: str) -> None:
+    """Record that validation accepted the stored plan of this key: a later process does not validate it again."""
+    if not enabled():
+        return
+    try:
+        data = json.loads(_path(key).read_text())
+    except (OSError, json.JSONDecodeError):
+        return
+    if isinstance(data, dict) and data.get("format") == FORMAT and not data.get("validated"):
+        _write(key, {**data, "validated": True})
+
+
+def _write(key: str, data: dict[str, Any]) -> None:
     path = _path(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

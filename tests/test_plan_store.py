@@ -135,3 +135,16 @@ def test_signature_cache_keeps_the_most_recent(store_on):
 def test_cache_size_must_be_a_positive_int(size):
     with pytest.raises(ValueError, match="cache_size"):
         eqsat.optimize(lambda x: x, cache_size=size)
+
+
+def test_a_validated_plan_is_not_validated_again(store_on):
+    """Validation accepted the plan once: a later process (here: memory forgotten) trusts it as one process does."""
+    args = _args()
+    fast = eqsat.optimize(_fresh_chain())
+    jax.block_until_ready(fast(*args))  # validated, and marked so in the store
+    (path,) = (store_on / "plans").glob("*.json")
+    assert json.loads(path.read_text())["validated"] is True
+    again = eqsat.optimize(_fresh_chain())
+    plan = again.plan(*args)
+    assert plan.stats["stored_validated"] == 1.0 and not again._unvalidated
+    np.testing.assert_allclose(again(*args), _chain(*args), rtol=2e-3, atol=1e-4)
