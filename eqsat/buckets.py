@@ -17,6 +17,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eqsat.errors import EqsatWarning
+from eqsat.tolerance import comparable, mismatch
+
 if TYPE_CHECKING:
     from eqsat.api import Optimized
     from eqsat.extract.plan import Plan
@@ -145,10 +148,8 @@ class Bucketed:
         return self._batched[key]
 
     def _agrees(self, args: tuple, kwargs: dict[str, Any], got: Any, size: int) -> bool:
-        from eqsat.api import EqsatWarning, _comparable, _mismatch  # the API's own comparison; it imports us
-
         expected = jax.tree_util.tree_leaves(self._original(*args, **kwargs))
-        problem = _mismatch(_comparable(expected), _comparable(jax.tree_util.tree_leaves(got)))
+        problem = mismatch(comparable(expected), comparable(jax.tree_util.tree_leaves(got)))
         if problem is None:
             return True
         warnings.warn(
