@@ -38,7 +38,7 @@ from eqsat.ir import Graph, Opaque
 from eqsat.lru import LRU
 from eqsat.measure import median_time
 from eqsat.sample import example_like
-from eqsat.saturate import Limits, saturate
+from eqsat.saturate import Limits, StopReason, saturate
 from eqsat.tolerance import beyond_conditioning, comparable, differs
 
 log = logging.getLogger("eqsat")
@@ -472,7 +472,7 @@ class Optimized:
     def _original_entry(self, signature: _Signature, call: Callable[..., Any], out_tree: Any, why: str) -> _Entry:
         """An entry that runs the original, with a plan of no nodes that says why."""
         log.info("eqsat: %s; the original runs", why)
-        plan = Plan(self.profile.name, [], [], [], Cost(), Cost(), "not planned", fallback=why)
+        plan = Plan(self.profile.name, [], [], [], Cost(), Cost(), StopReason.NOT_PLANNED, fallback=why)
         return _Entry(signature, plan, call, call, out_tree, validated=True)
 
     def _nothing_to_gain(self, plan: Plan) -> bool:
