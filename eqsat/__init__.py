@@ -13,6 +13,7 @@ from typing import Any
 # its own without pulling in the API above it, whose imports lead back to that layer.
 _HOMES = {
     "fit_budget": "eqsat.api",
+    "Buckets": "eqsat.buckets",
     "EqsatWarning": "eqsat.api",
     "Optimized": "eqsat.api",
     "optimize": "eqsat.api",
@@ -35,6 +36,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Buckets",
     "CaptureError",
     "EqsatError",
     "EqsatWarning",

@@ -23,17 +23,19 @@ from jax._src import api_util  # jax.jit's own argnums resolution
 from jax.core import ShapedArray
 from jax.extend import core as jcore
 
-from eqsat import progress, rule_sources
+from eqsat import plan_store, progress, rule_sources
 from eqsat.backends import memory
 from eqsat.backends.lower import lower, weight_boundary
 from eqsat.backends.memory import MEMORY_OPTIMIZED, BudgetReport, MemoryReport, figure_of, memory_report
+from eqsat.buckets import Bucketed, Buckets
 from eqsat.capture import capture, input_paths
 from eqsat.egraph_check import check_egraph
-from eqsat.errors import EqsatError
+from eqsat.errors import EqsatError, EqsatWarning
 from eqsat.extract.cost import Cost, load_profile
 from eqsat.extract.plan import Plan, build_plan
 from eqsat.extract.timing import priced
 from eqsat.ir import Graph, Opaque
+from eqsat.lru import LRU
 from eqsat.measure import median_time
 from eqsat.sample import example_like
 from eqsat.saturate import Limits, StopReason, saturate
@@ -43,10 +45,6 @@ log = logging.getLogger("eqsat")
 
 
 _SUBPROGRAM_PARAMS = ("jaxpr", "cond_jaxpr", "body_jaxpr")  # sub-programs of scan, while, remat (cond: branches)
-
-
-class EqsatWarning(UserWarning):
-    """The optimized program disagreed with the original, or could not be built; the original runs."""
 
 
 class _Dispatch:
@@ -89,19 +87,21 @@ class _Entry:
     params: frozenset[str] = frozenset()  # the graph's weight inputs the plan was extracted for
     # the original compiled for validation in the background while the caller's jax.jit compiles the plan
     reference: Future | None = None
+    key: str | None = None  # where the plan is kept across processes (eqsat/plan_store.py)
 
 
 # Plans are shared by every optimize() of one function with the same settings, as jax.jit shares its traces:
 # weakly keyed by the function, so that `jax.jit(f)(x)` written inside a loop or a gradient plans f once.
-_SHARED: "weakref.WeakKeyDictionary[Callable[..., Any], dict[tuple, tuple[dict, dict]]]" = weakref.WeakKeyDictionary()
+_SHARED: "weakref.WeakKeyDictionary[Callable[..., Any], dict[tuple, tuple[LRU, LRU]]]" = weakref.WeakKeyDictionary()
 
 
-def _shared_plans(fun: Callable[..., Any], settings: tuple) -> tuple[dict, dict]:
-    """The plan caches of fun under these settings; fresh ones where fun cannot be weakly referenced."""
+def _shared_plans(fun: Callable[..., Any], settings: tuple, size: int) -> tuple[LRU, LRU]:
+    """The plan caches of fun under these settings, each keeping the `size` signatures used last; fresh ones where
+    fun cannot be weakly referenced."""
     try:
-        return _SHARED.setdefault(fun, {}).setdefault(settings, ({}, {}))
+        return _SHARED.setdefault(fun, {}).setdefault(settings, (LRU(size), LRU(size)))
     except TypeError:  # not weakly referable or not hashable
-        return {}, {}
+        return LRU(size), LRU(size)
 
 
 class Optimized:
@@ -122,6 +122,7 @@ class Optimized:
         extractor: str,
         autotune: int,
         memory_budget: int | None,
+        cache_size: int,
         donate_argnums: tuple[int, ...],
         jit_options: dict[str, Any],
     ) -> None:
@@ -148,8 +149,10 @@ class Optimized:
         self.autotune = autotune
         # (signature, prepared) -> entry; signature -> flat function, output tree, graph, e-graph, times
         settings = (target, tuple((r.origin, r.text) for r in self.rules), self.static_argnums, self.static_argnames)
-        settings += (self.params_argnums, validate, self.limits, extractor, autotune, memory_budget)
-        self._cache, self._saturated = _shared_plans(fun, settings)
+        settings += (self.params_argnums, validate, self.limits, extractor, autotune, memory_budget, cache_size)
+        self._cache, self._saturated = _shared_plans(fun, settings, cache_size)
+        # what decides a plan besides the program: part of the key plans are kept by across processes
+        self._store_settings = (repr(self.profile), settings[1], self.limits, extractor, autotune, memory_budget)
         self._unvalidated: list[_Entry] = []  # plans built since the last validation
         # a budget asks XLA:CPU for its memory-optimized schedule (an option the other backends do not take)
         if memory_budget is not None and jax.default_backend() == "cpu":
@@ -198,6 +201,10 @@ class Optimized:
         self._unvalidated.clear()
         self._unbudgeted.clear()
         self._dispatch.reset()
+
+    def cache_info(self) -> dict[str, int]:
+        """How many plans the signature cache holds now, and how many it keeps at most (cache_size)."""
+        return {"plans": len(self._cache), "cache_size": self._cache.size}
 
     def prepare(self, *params: Any) -> Callable[..., Any]:
         """A function of the remaining arguments, the parameters (params_argnums, in order) bound.
@@ -370,7 +377,7 @@ class Optimized:
         name = getattr(self.fun, "__name__", repr(self.fun))
         t0 = time.perf_counter()
         if signature in self._saturated:
-            flat_fun, out_tree, *_ = self._saturated[signature]
+            flat_fun, out_tree, *_, closed = self._saturated[signature]
         else:
             flat_fun, out_tree_of = _flat_function(self.fun, signature)
             progress.begin("capture", f"capture {name}")
@@ -384,6 +391,15 @@ class Optimized:
                 why = f"{name} closes over values traced by an outer transformation"
                 return self._original_entry(signature, flat_fun, out_tree, why)
         try:
+            params = self._param_names(signature) if prepared else frozenset()
+            key = self._store_key(closed, ("program", sorted(params)))
+            stored = plan_store.load(key, self.profile) if key else None
+            if stored is not None:
+                graph = capture(closed)
+                self._optimize_bodies(graph)
+                stored.graph = graph
+                stored.stats.update(stored=1.0, load_s=time.perf_counter() - t0)
+                return self._entry_of(signature, stored, flat_fun, out_tree, closed, params, key)
             if signature not in self._saturated:
                 graph = capture(closed)
                 graph.input_paths, graph.params = self._input_names(signature), self._param_names(signature)
@@ -393,7 +409,7 @@ class Optimized:
                 snapshot = saturate(graph, self.rules, self.limits)
                 saturate_s = time.perf_counter() - t1
                 self._saturated[signature] = (flat_fun, out_tree, graph, snapshot, t1 - t0, saturate_s, closed)
-            return self._plan_entry(signature, prepared, *self._saturated[signature])
+            return self._plan_entry(signature, params, key, *self._saturated[signature])
         except EqsatError:  # a bad rule or a shape conflict: the user's to fix
             raise
         except Exception as error:  # eqsat's own failure: the original runs
@@ -401,10 +417,15 @@ class Optimized:
             warnings.warn(f"{why}; running the original instead", EqsatWarning, stacklevel=5)
             return self._original_entry(signature, jax.jit(flat_fun), out_tree, why)
 
+    def _store_key(self, closed: jcore.ClosedJaxpr, what: tuple) -> str | None:
+        """The key of this program's plan among those kept across processes; None where none are kept."""
+        return plan_store.program_key(closed, (*self._store_settings, *what)) if plan_store.enabled() else None
+
     def _plan_entry(
         self,
         signature: _Signature,
-        prepared: bool,
+        params: frozenset[str],
+        key: str | None,
         flat_fun: Callable[..., list[Any]],
         out_tree: Any,
         graph: Graph,
@@ -414,8 +435,7 @@ class Optimized:
         closed: jcore.ClosedJaxpr,
     ) -> _Entry:
         t2 = time.perf_counter()
-        params = self._param_names(signature) if prepared else frozenset()
-        progress.begin("extract", f"extract ({self.extractor}{', weights prepared' if prepared else ''})")
+        progress.begin("extract", f"extract ({self.extractor}{', weights prepared' if params else ''})")
         plan = self._extract(graph, snapshot, params)
         extract_s = time.perf_counter() - t2 - plan.stats.get("measure_s", 0.0)  # measuring is reported apart
         plan.stats.update(capture_s=capture_s, saturate_s=saturate_s, extract_s=extract_s)
@@ -425,13 +445,30 @@ class Optimized:
             with jax.ensure_compile_time_eval():  # measured on examples, even while a caller's trace is active
                 examples = _examples(signature)
                 plan = self._autotune(plan, graph, snapshot, params, examples, original)
+        if key:
+            plan_store.save(key, plan, self.profile, snapshot)
+        return self._entry_of(signature, plan, flat_fun, out_tree, closed, params, key, original)
+
+    def _entry_of(
+        self,
+        signature: _Signature,
+        plan: Plan,
+        flat_fun: Callable[..., list[Any]],
+        out_tree: Any,
+        closed: jcore.ClosedJaxpr,
+        params: frozenset[str],
+        key: str | None,
+        original: Callable[..., list[Any]] | None = None,
+    ) -> _Entry:
+        """The entry that runs a plan (extracted now or kept from another process), validated on first use."""
+        original = original or jax.jit(flat_fun)
         if self._nothing_to_gain(plan) or plan.fallback:  # run the original program exactly as jax.jit would
-            return _Entry(signature, plan, original, original, out_tree, validated=True)
+            return _Entry(signature, plan, original, original, out_tree, validated=True, key=key)
         optimized = jax.jit(_with_original_derivatives(lower(plan), flat_fun))
-        reference = _COMPILER.submit(_compiled_reference, closed) if self.validate else None
-        return _Entry(
-            signature, plan, optimized, original, out_tree, not self.validate, params=params, reference=reference
-        )
+        # a kept plan that validation accepted in an earlier process is trusted as it is within one
+        validated = not self.validate or bool(plan.stats.get("stored_validated"))
+        reference = None if validated else _COMPILER.submit(_compiled_reference, closed)
+        return _Entry(signature, plan, optimized, original, out_tree, validated, params, reference, key)
 
     def _original_entry(self, signature: _Signature, call: Callable[..., Any], out_tree: Any, why: str) -> _Entry:
         """An entry that runs the original, with a plan of no nodes that says why."""
@@ -441,8 +478,10 @@ class Optimized:
 
     def _nothing_to_gain(self, plan: Plan) -> bool:
         """The original program, node for node, or one that differs only in what XLA does itself or nearly as
-        well: duplicates shared, weight-only work hoisted, for a predicted gain below the profile's min_gain."""
-        if plan.unchanged:
+        well: duplicates shared, weight-only work hoisted, for a predicted gain below the profile's min_gain. The
+        original's own weight-only work (x @ W.T's transpose) counts as a gain when prepared: XLA:CPU runs a
+        matrix-vector product with a transposed weight several times slower than with the weight transposed once."""
+        if plan.unchanged and not any(node.weight for node in plan.nodes):
             return True
         rewritten = plan.rewritten_ops() or plan.stats.get("bodies_rewritten")
         return not rewritten and plan.predicted.seconds > plan.original.seconds * (1 - self.profile.min_gain)
@@ -507,7 +546,14 @@ class Optimized:
         """The body re-planned, or the body itself when nothing changed or the result would not fit in its place."""
         graph = capture(body)
         self._optimize_bodies(graph)
-        plan = self._extract(graph, saturate(graph, self.rules, self.limits), frozenset())
+        key = self._store_key(body, ("body",)) if isinstance(body, jcore.ClosedJaxpr) else None
+        plan = plan_store.load(key, self.profile) if key else None
+        if plan is None:
+            snapshot = saturate(graph, self.rules, self.limits)
+            plan = self._extract(graph, snapshot, frozenset())
+            if key:
+                plan_store.save(key, plan, self.profile, snapshot)
+        plan.graph = graph
         if self._nothing_to_gain(plan):
             return body
         inner = body.jaxpr
@@ -539,6 +585,7 @@ class Optimized:
         with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
             flat = _examples(entry.signature) if flat is None else flat
             expected = comparable(_reference_results(entry, flat))
+            entry.reference = None  # an executable of its own: not kept once compared
             got = comparable(entry.call(*flat) if got is None else got)
         entry.validated = True
         wrong = next(((k, p) for k, p in enumerate(map(differs, range(len(got)), expected, got)) if p), None)
@@ -546,6 +593,8 @@ class Optimized:
             with jax.ensure_compile_time_eval():
                 wrong = beyond_conditioning(entry.original, flat, expected, got)
         if wrong is None:
+            if entry.key:
+                plan_store.mark_validated(entry.key)
             return False
         k, problem = wrong
         progress.begin("validate", "validate: finding the rules the mismatch depends on")
@@ -555,6 +604,8 @@ class Optimized:
         suspects = ", ".join(f"{name} ({where[name]})" if name in where else name for name in entry.plan.blamed)
         suspects = (suspects or "none found") + ("" if exact else " (narrowing stopped by its time budget)")
         entry.plan.fallback = f"optimized result differed from the original ({problem}); rules involved: {suspects}"
+        if entry.key:  # a later process runs the original at once
+            plan_store.save(entry.key, entry.plan, self.profile, None)
         warnings.warn(
             f"eqsat: the optimized {getattr(self.fun, '__name__', 'function')} differed from the original "
             f"({problem}); running the original instead. Rules involved: {suspects}.",
@@ -625,6 +676,8 @@ def optimize(
     extractor: str = "auto",
     autotune: int = 0,
     memory_budget: int | None = None,
+    cache_size: int = 64,
+    buckets: Buckets | None = None,
     donate_argnums: int | Sequence[int] | None = None,
     donate_argnames: str | Sequence[str] | None = None,
     **jit_options: Any,
@@ -644,6 +697,10 @@ def optimize(
     memory_budget: bytes; memory becomes a term of the extraction cost, XLA:CPU's memory-optimized scheduler is
     used, XLA's figure goes into plan.memory; a gradient still over budget runs its loss as rematerialized
     segments, anything else warns.
+    cache_size: how many signatures' plans are kept in memory (the least recently used go first; jax.jit's own
+    cache of what it compiled stays as jax.jit keeps it).
+    buckets: eqsat.Buckets(sizes, argnums, axis): pad that axis of those arguments up to the smallest bucket size
+    that holds it and slice the results back, so sizes between buckets share one plan and one executable.
     """
     settings = dict(
         target=target,
@@ -657,6 +714,8 @@ def optimize(
         extractor=extractor,
         autotune=autotune,
         memory_budget=memory_budget,
+        cache_size=cache_size,
+        buckets=_checked_option(buckets, Buckets, "buckets", "eqsat.Buckets(sizes=(8, 16, 32), argnums=(1,))"),
         donate_argnums=donate_argnums,
         donate_argnames=donate_argnames,
         **jit_options,
@@ -665,6 +724,8 @@ def optimize(
         raise ValueError(f"extractor must be 'greedy', 'ilp' or 'auto', got {extractor!r}")
     if not isinstance(autotune, int) or isinstance(autotune, bool) or autotune < 0:
         raise ValueError(f"autotune takes a number of candidate plans to measure (an int >= 0), got {autotune!r}")
+    if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
+        raise ValueError(f"cache_size takes how many signatures' plans to keep (an int >= 1), got {cache_size!r}")
     if fun is None:
         return functools.partial(optimize, **settings)
     if isinstance(fun, staticmethod):
@@ -676,7 +737,9 @@ def optimize(
     if inspect.isgeneratorfunction(fun):
         raise TypeError(f"Expected a function, got a generator function: {fun!r:.80}")
     jit = {k: settings.pop(k) for k in ("static_argnames", "donate_argnames", *jit_options)}
-    return Optimized(fun, **settings, jit_options=jit)
+    buckets = settings.pop("buckets")
+    optimized = Optimized(fun, **settings, jit_options=jit)
+    return optimized if buckets is None else Bucketed(optimized, buckets)
 
 
 def _checked_rules(rules: Any) -> Any:

@@ -5,6 +5,10 @@ class EqsatError(Exception):
     """Base class of eqsat's errors."""
 
 
+class EqsatWarning(UserWarning):
+    """The optimized program disagreed with the original, or could not be built; the original runs."""
+
+
 class RuleError(EqsatError):
     """A rule file or string that does not load: names the file and line."""
 

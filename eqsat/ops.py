@@ -32,6 +32,7 @@ class CostClass(StrEnum):
     BITCAST = "bitcast"  # a row-major reshape: XLA moves no data
     GATHER = "gather"  # reads the rows it returns
     WINDOW = "window"  # a pooling pass: reads its input once, writes its output
+    REDUCTION = "reduction"  # an index-returning reduction (argmax): reads its input once
     OPAQUE = "opaque"  # a primitive the table does not model: one pass over its data
 
 
@@ -234,6 +235,35 @@ def _take_rows(_attrs: tuple, table: Any, ids: Any) -> Any:
     """Rows of `table` by index, zero where the index is out of range: what one_hot(ids) @ table computes."""
     rows = jnp.take(table, ids, axis=0, mode="fill", fill_value=0)
     return jnp.where((ids >= 0)[..., None], rows, jnp.zeros((), table.dtype))
+
+
+def _scatter_rows(attrs: tuple, rows: Any, ids: Any) -> Any:
+    """A zero table of `depth` rows with rows[n] added into row ids[n]: what one_hot(ids, depth).T @ rows computes,
+    an embedding's gradient. An id outside [0, depth) adds nothing, as its one-hot row is all zeros; jnp's indexing
+    would wrap a negative one, so every such id is sent past the end, where mode="drop" drops it."""
+    (depth,) = attrs
+    table = jnp.zeros((depth, *rows.shape[1:]), rows.dtype)
+    return table.at[jnp.where((ids >= 0) & (ids < depth), ids, depth)].add(rows, mode="drop")
+
+
+def _arg_reduce(attrs: tuple, x: Any) -> Any:
+    """(ArgReduce kind axis index_dtype x): jnp.argmax / jnp.argmin along one axis (lax.argmax / lax.argmin)."""
+    kind, axis, index_dtype = attrs
+    return (lax.argmax if kind == "max" else lax.argmin)(x, axis, np.dtype(index_dtype))
+
+
+def _masked_arg_reduce(attrs: tuple, x: Any) -> Any:
+    """The same index as the first position holding the max (min): a max, then a min of the positions equal to it,
+    two fused reductions where XLA:CPU's one (value, index) reduction runs 6-10x slower (benches/RESULTS.md). A NaN
+    is the extreme, as for lax.argmax: the max is then NaN, and the first NaN's position is taken."""
+    kind, axis, index_dtype = attrs
+    extreme = (lax.reduce_max if kind == "max" else lax.reduce_min)(x, (axis,))
+    hit = x == lax.broadcast_in_dim(extreme, x.shape, tuple(d for d in range(x.ndim) if d != axis))
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        hit = hit | (x != x)
+    positions = lax.broadcasted_iota(np.dtype(index_dtype), x.shape, axis)
+    past_end = lax.full(x.shape, x.shape[axis], np.dtype(index_dtype))
+    return lax.reduce_min(lax.select(hit, positions, past_end), (axis,))
 
 
 def _batch_dot_shape_rules(name: str) -> tuple[str, ...]:
@@ -528,6 +558,39 @@ OPS: dict[str, OpSpec] = {
                 " ((set (shape e) (vec-append sb (vec-remove sa 0)))))",
             ),
             alternative=True,
+        ),
+        # (ScatterRows depth rows ids): rows[N, ...] added into a zero [depth, ...] table at ids[N], ids out of range
+        # dropped; rules/kernels.egg puts it beside one_hot(ids).T @ rows (an embedding's gradient)
+        OpSpec(
+            "ScatterRows",
+            ("i64",),
+            2,
+            "gather",
+            _scatter_rows,
+            (
+                "(rule ((= e (ScatterRows k0 a b)) (= sa (shape a)) (= sb (shape b)) (= (vec-length sb) 1)"
+                " (>= (vec-length sa) 1) (= (vec-get sa 0) (vec-get sb 0)) (> k0 0))"
+                " ((set (shape e) (vec-set sa 0 k0))))",
+            ),
+            alternative=True,
+        ),
+        # (ArgReduce kind axis index_dtype x), kind "max" or "min": captured from lax.argmax / lax.argmin;
+        # ArgReduceMasked computes it as a max (min) and a min of the positions that hold it
+        *(
+            OpSpec(
+                name,
+                ("String", "i64", "String"),
+                1,
+                "reduction",
+                lower,
+                (
+                    f"(rule ((= e ({name} k0 k1 k2 a)) (= sa (shape a)) (>= k1 0) (< k1 (vec-length sa))"
+                    " (> (vec-get sa k1) 0)) ((set (shape e) (vec-remove sa k1))))",
+                ),
+                dtype_rule=f"(rule ((= e ({name} k0 k1 k2 a))) ((set (dtype e) k2)))",
+                alternative=name.endswith("Masked"),
+            )
+            for name, lower in (("ArgReduce", _arg_reduce), ("ArgReduceMasked", _masked_arg_reduce))
         ),
         # broadcast_in_dim: (Bcast target_shape dims a)
         OpSpec(

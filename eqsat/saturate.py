@@ -14,6 +14,7 @@ from enum import StrEnum
 import egglog.bindings as egg
 
 from eqsat import progress
+from eqsat.chains import CHAIN_RULE, FACTOR_RULE, alternatives
 from eqsat.encode import ANALYSIS, FACTS, encode, prelude
 from eqsat.errors import ShapeConflictError
 from eqsat.ir import Graph
@@ -93,9 +94,10 @@ def _analyse(egraph: egg.EGraph, deadline: float, nodes: int) -> StopReason | No
 def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
     start = time.perf_counter()
     deadline = start + limits.seconds
-    egraph, rule_commands = _build(graph, rules)
+    # the whole-chain pass is a rewrite like the rules: where no step is allowed, none of it either
+    egraph, rule_commands, matches = _build(graph, rules, whole_chains=limits.iterations > 0 and limits.seconds > 0)
     step = egraph.parse_program(_REWRITE)
-    stop_reason, iterations, matches = StopReason.ITERATIONS, 0, {}
+    stop_reason, iterations = StopReason.ITERATIONS, 0
     if limits.seconds <= 0:  # no time at all means no step; a positive limit always allows the first
         stop_reason = StopReason.SECONDS
     while stop_reason == StopReason.ITERATIONS and iterations < limits.iterations:
@@ -139,7 +141,12 @@ def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
     return snapshot
 
 
-def _build(graph: Graph, rules: list[RuleSource]) -> tuple[egg.EGraph, list[tuple[RuleSource, object]]]:
+def _build(
+    graph: Graph, rules: list[RuleSource], whole_chains: bool = True
+) -> tuple[egg.EGraph, list[tuple[RuleSource, object]], dict[str, int]]:
+    """The e-graph of the graph, with the rules declared and each whole chain's best order beside it (eqsat/chains.py,
+    under the names of the rules it stands for, where they are enabled); returns it, the rule commands and the
+    pass's matches."""
     egraph = egg.EGraph()
     egraph.run_program(*egraph.parse_program(prelude()))
     rule_commands = []
@@ -149,7 +156,13 @@ def _build(graph: Graph, rules: list[RuleSource]) -> tuple[egg.EGraph, list[tupl
             egraph.run_program(command)
     egraph.run_program(*egraph.parse_program("(let-scheduler eqsat_backoff (back-off))"))
     egraph.run_program(*egraph.parse_program(encode(graph)))
-    return egraph, rule_commands
+    passes = (CHAIN_RULE, FACTOR_RULE) if whole_chains else ()
+    enabled = {name for name in passes if any(f':name "{name}"' in src.text for src in rules)}
+    extra = alternatives(graph, order_chains=CHAIN_RULE in enabled, factor_sums=FACTOR_RULE in enabled)
+    if extra.commands:
+        egraph.run_program(*egraph.parse_program("\n".join(extra.commands)))
+    matches = {name: count for name, count in ((CHAIN_RULE, extra.chains), (FACTOR_RULE, extra.sums)) if count}
+    return egraph, rule_commands, matches
 
 
 def _size(egraph: egg.EGraph) -> int:
@@ -165,7 +178,7 @@ def _explain_conflict(
     if "Illegal merge" not in text:
         return error
     for src, command in commands:
-        egraph, _ = _build(graph, [RuleSource(src.name, src.origin, str(command))])
+        egraph, _, _ = _build(graph, [RuleSource(src.name, src.origin, str(command))])
         step = egraph.parse_program(_REWRITE)
         try:
             for _ in range(max(iterations, 1)):
