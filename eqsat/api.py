@@ -7,13 +7,14 @@ import functools
 import inspect
 import logging
 import operator
+import threading
 import time
 import types
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,6 +35,7 @@ from eqsat.extract.plan import Plan, build_plan
 from eqsat.extract.timing import priced
 from eqsat.ir import Graph, Opaque
 from eqsat.measure import median_time
+from eqsat.plan_cache import PerThread, shared_plans
 from eqsat.saturate import Limits, saturate
 
 log = logging.getLogger("eqsat")
@@ -82,7 +84,7 @@ class _Signature(NamedTuple):
     statics: tuple[tuple[int | str, type, Any], ...]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Entry:
     signature: _Signature
     plan: Plan
@@ -93,19 +95,8 @@ class _Entry:
     params: frozenset[str] = frozenset()  # the graph's weight inputs the plan was extracted for
     # the original compiled for validation in the background while the caller's jax.jit compiles the plan
     reference: Future | None = None
-
-
-# Plans are shared by every optimize() of one function with the same settings, as jax.jit shares its traces:
-# weakly keyed by the function, so that `jax.jit(f)(x)` written inside a loop or a gradient plans f once.
-_SHARED: "weakref.WeakKeyDictionary[Callable[..., Any], dict[tuple, tuple[dict, dict]]]" = weakref.WeakKeyDictionary()
-
-
-def _shared_plans(fun: Callable[..., Any], settings: tuple) -> tuple[dict, dict]:
-    """The plan caches of fun under these settings; fresh ones where fun cannot be weakly referenced."""
-    try:
-        return _SHARED.setdefault(fun, {}).setdefault(settings, ({}, {}))
-    except TypeError:  # not weakly referable or not hashable
-        return {}, {}
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held while validating: once, by one thread
+    fell_back: bool = False  # validation (or the measurement after it) put the original in the plan's place
 
 
 class Optimized:
@@ -153,8 +144,9 @@ class Optimized:
         # (signature, prepared) -> entry; signature -> flat function, output tree, graph, e-graph, times
         settings = (target, tuple((r.origin, r.text) for r in self.rules), self.static_argnums, self.static_argnames)
         settings += (self.params_argnums, validate, self.limits, extractor, autotune, memory_budget)
-        self._cache, self._saturated = _shared_plans(fun, settings)
-        self._unvalidated: list[_Entry] = []  # plans built since the last validation
+        self._plans = shared_plans(fun, settings)
+        self._cache, self._saturated = self._plans.entries, self._plans.saturated
+        self._pending = PerThread()  # what this thread's calls built or ran and have not settled yet
         # a budget asks XLA:CPU for its memory-optimized schedule (an option the other backends do not take)
         if memory_budget is not None and jax.default_backend() == "cpu":
             jit_options["compiler_options"] = {**MEMORY_OPTIMIZED, **(jit_options.get("compiler_options") or {})}
@@ -164,7 +156,6 @@ class Optimized:
             {k: v for k, v in [("static_argnames", static_argnames), ("donate_argnames", donate_argnames)] if v}
         )
         self._dispatch = _Dispatch(self._traced, fun, options)
-        self._unbudgeted: list[_Entry] = []  # plans built since the last budget check
         # fun's name, doc, __wrapped__ and attributes, as jax.jit copies them, but never over our own state (fun
         # may carry a wrapped Optimized's, as jax.grad(optimize(f)) does)
         functools.update_wrapper(self, fun, updated=())
@@ -173,9 +164,13 @@ class Optimized:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if jax.config.jax_disable_jit:  # as jax.jit does: the function runs op by op
             return self.fun(*args, **kwargs)
+        # a plan not validated yet may run in this call, even one another thread builds while it runs (jax.jit's
+        # trace cache is shared): then the call settles its signature's plan
+        unsettled, builds = bool(self._plans.unchecked), self._plans.builds
         out = self._dispatch.run(*args, **kwargs)  # the fast path: nothing more once a signature is planned
-        if self._unvalidated or self._unbudgeted:
-            return self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out)
+        raced = unsettled or builds != self._plans.builds
+        if raced or self._plans.unchecked or self._unvalidated or self._unbudgeted:
+            return self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out, raced=raced)
         return out
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -197,8 +192,7 @@ class Optimized:
     def clear_cache(self) -> None:
         """Forget every plan (of this function and settings, however often wrapped) and trace, as jax.jit's
         clear_cache does."""
-        self._cache.clear()
-        self._saturated.clear()
+        self._plans.clear()
         self._unvalidated.clear()
         self._unbudgeted.clear()
         self._dispatch.reset()
@@ -235,7 +229,7 @@ class Optimized:
         entry = self._entry(signature, prepared=True)
         if entry in self._unvalidated:
             self._unvalidated.remove(entry)
-            self._validate(entry, flat)
+        self._validate(entry, flat)
         names = self._param_names(signature)
         is_param = [f"x{i}" in names for i in range(len(flat))]
 
@@ -261,21 +255,37 @@ class Optimized:
 
     def _checked(self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         """stage(jax.jit object): a call, trace or lowering, then settled."""
-        return self._settle(stage, args, kwargs, stage(self._dispatch.run))
+        unsettled, builds = bool(self._plans.unchecked), self._plans.builds
+        out = stage(self._dispatch.run)
+        return self._settle(stage, args, kwargs, out, raced=unsettled or builds != self._plans.builds)
 
     def _settle(
-        self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any], out: Any, results: Any = None
+        self,
+        stage: Callable[[Any], Any],
+        args: tuple,
+        kwargs: dict[str, Any],
+        out: Any,
+        results: Any = None,
+        raced: bool = False,
     ) -> Any:
         """Plans built by the stage that gave `out` are validated (on these arguments where they are concrete and
         of the plan's signature, else on examples of its shapes) and, on a mismatch, the dispatch is rebuilt so
         that the stage runs again on the original program. `results`: what a call returned, the optimized
-        program's results for these arguments, compared as they are instead of compiling the plan again."""
+        program's results for these arguments, compared as they are instead of compiling the plan again.
+        `raced`: a plan was unvalidated at some point during the stage, so the stage may have run this
+        signature's plan before another thread's validation of it fell back."""
         if self._unbudgeted:
             self._check_budget(args, kwargs)
-        if not self._unvalidated:
-            return out
         pending, self._unvalidated = self._unvalidated, []
         flat, signature = self._signature(args, kwargs)
+        own = self._cache.get((signature, False))
+        # traced by another thread, this call may have run it before it fell back (not where arguments are
+        # donated: then every trace validates its plan before it runs it)
+        maybe_ran = raced and own is not None and own.fell_back and not self._dispatch.donates
+        if own is not None and own not in pending and (not own.validated or maybe_ran):
+            pending.append(own)
+        if not pending:
+            return out
         concrete = all(isinstance(x, jax.Array | np.ndarray | np.generic | int | float | complex) for x in flat)
         concrete = concrete and not any(isinstance(x, jax.core.Tracer) for x in flat)
         got = jax.tree_util.tree_leaves(results) if results is not None else None
@@ -355,14 +365,41 @@ class Optimized:
         flat, tree = jax.tree_util.tree_flatten(dynamic)
         return flat, _Signature(n, tree, tuple(_abstract(x) for x in flat), statics)
 
+    @property
+    def _unvalidated(self) -> list[_Entry]:
+        """The plans this thread's calls built or ran and have not validated yet."""
+        return self._pending.unvalidated
+
+    @_unvalidated.setter
+    def _unvalidated(self, entries: list[_Entry]) -> None:
+        self._pending.unvalidated = entries
+
+    @property
+    def _unbudgeted(self) -> list[_Entry]:
+        """The plans this thread built since its last budget check."""
+        return self._pending.unbudgeted
+
+    @_unbudgeted.setter
+    def _unbudgeted(self, entries: list[_Entry]) -> None:
+        self._pending.unbudgeted = entries
+
     def _entry(self, signature: _Signature, prepared: bool = False) -> _Entry:
-        entry = self._cache.get((signature, prepared))
+        """The entry of this signature and mode, built by one thread while the others that need it wait."""
+        key = (signature, prepared)
+        entry = self._cache.get(key)
         if entry is None:
-            entry = self._cache[signature, prepared] = self._build(signature, prepared)
-            if not entry.validated:
-                self._unvalidated.append(entry)
-            if self.memory_budget is not None:
-                self._unbudgeted.append(entry)
+            with self._plans.building(signature):
+                entry = self._cache.get(key)
+                if entry is None:
+                    entry = self._build(signature, prepared)
+                    if not entry.validated:
+                        self._plans.unchecked.add(id(entry))
+                        self._plans.builds += 1
+                    self._cache[key] = entry
+                    if self.memory_budget is not None:
+                        self._unbudgeted.append(entry)
+        if not entry.validated and entry not in self._unvalidated:  # this thread's call settles it, or another's
+            self._unvalidated.append(entry)
         return entry
 
     def _build(self, signature: _Signature, prepared: bool) -> _Entry:
@@ -533,19 +570,30 @@ class Optimized:
         while tracing or before donation); fall back on mismatch. `got`: the optimized results for `flat`, where
         the caller has them already.
 
-        Returns whether it fell back."""
+        Returns whether the entry runs the original now: it fell back here, or in the thread that validated it.
+        """
+        with entry.lock:
+            if not entry.validated:
+                self._compare(entry, flat, got)
+                if entry.fell_back:  # before the plan counts as validated: no call may still find its trace
+                    self._dispatch.reset()
+                entry.validated = True
+                self._plans.unchecked.discard(id(entry))
+        return entry.fell_back
+
+    def _compare(self, entry: _Entry, flat: list[Any] | None, got: list[Any] | None) -> None:
+        """_validate's work: compare, and on a mismatch find the rules involved and fall back."""
         progress.begin("validate", "validate: compile and compare with the original")
         with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
             flat = _examples(entry.signature) if flat is None else flat
             expected = _comparable(_reference_results(entry, flat))
             got = _comparable(entry.call(*flat) if got is None else got)
-        entry.validated = True
         wrong = next(((k, p) for k, p in enumerate(map(_differs, range(len(got)), expected, got)) if p), None)
         if wrong is not None:
             with jax.ensure_compile_time_eval():
                 wrong = _beyond_conditioning(entry.original, flat, expected, got)
         if wrong is None:
-            return False
+            return
         k, problem = wrong
         progress.begin("validate", "validate: finding the rules the mismatch depends on")
         with jax.ensure_compile_time_eval():
@@ -558,10 +606,9 @@ class Optimized:
             f"eqsat: the optimized {getattr(self.fun, '__name__', 'function')} differed from the original "
             f"({problem}); running the original instead. Rules involved: {suspects}.",
             EqsatWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-        entry.call = entry.original
-        return True
+        entry.call, entry.fell_back = entry.original, True
 
     def _blame(self, entry: _Entry, flat: list[Any], k: int, want: Any) -> tuple[list[str], bool]:
         """The fired rules result k's mismatch depends on, and whether the search finished within its budget
