@@ -52,6 +52,21 @@ def rules_check(args: argparse.Namespace) -> int:
     return run_check(args.files, examples=args.examples)
 
 
+def fuzz(args: argparse.Namespace) -> int:
+    from eqsat.fuzz import FAILURES, Outcome
+    from eqsat.fuzz import fuzz as run_fuzz
+
+    def report(outcome: Outcome) -> None:
+        if outcome.status in FAILURES:
+            print(f"{outcome.status} in case {outcome.case.index}: {outcome.detail[:200]}", flush=True)
+        if (outcome.case.index + 1) % args.every == 0:
+            print(f"{outcome.case.index + 1} cases", flush=True)
+
+    summary = run_fuzz(args.n, args.seed, args.only, progress=report)
+    print(summary.table())
+    return 1 if summary.failures else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eqsat", description="Equality-saturation optimizer for JAX.")
     parser.add_argument(
@@ -79,6 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="*", metavar="FILE", help="rule files checked together with the built-in groups")
     p.add_argument("--examples", type=int, default=400, help="random programs to saturate and check")
     p.set_defaults(run=rules_check)
+    p = commands.add_parser(
+        "fuzz", help="random programs through optimize under random transformations, against jax.jit"
+    )
+    p.add_argument("--n", type=int, default=200, help="cases to run")
+    p.add_argument("--seed", type=int, default=0, help="seed: case I of seed S is the same program everywhere")
+    p.add_argument("--only", type=int, help="run only case ONLY of the seed (to reproduce a failure)")
+    p.add_argument("--every", type=int, default=100, help="print a progress line every EVERY cases")
+    p.set_defaults(run=fuzz)
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
     return args.run(args)

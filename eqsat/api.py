@@ -289,6 +289,8 @@ class Optimized:
         concrete = all(isinstance(x, jax.Array | np.ndarray | np.generic | int | float | complex) for x in flat)
         concrete = concrete and not any(isinstance(x, jax.core.Tracer) for x in flat)
         got = jax.tree_util.tree_leaves(results) if results is not None else None
+        if got is not None and any(isinstance(x, jax.core.Tracer) for x in got):  # concrete arguments, called
+            got = None  # inside a trace (a scan body closing over them): the results are the trace's values
         mine = [concrete and e.signature == signature for e in pending]
         if any(
             [self._validate(e, flat if m else None, got if m else None) for e, m in zip(pending, mine, strict=True)]
