@@ -1,7 +1,9 @@
 """Command line: `python -m eqsat demo` optimizes the bundled examples and prints plans and measured speed-ups."""
 
 import argparse
+import signal
 import sys
+from typing import Any
 
 from eqsat.cli import add_optimize_command, add_tune_command
 from eqsat.progress import configure_logging
@@ -62,6 +64,10 @@ def fuzz(args: argparse.Namespace) -> int:
         if (outcome.case.index + 1) % args.every == 0:
             print(f"{outcome.case.index + 1} cases", flush=True)
 
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)  # a long run stopped with kill still prints the summary of what ran
     summary = run_fuzz(args.n, args.seed, args.only, progress=report)
     print(summary.table())
     return 1 if summary.failures else 0

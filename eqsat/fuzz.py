@@ -367,10 +367,13 @@ def fuzz(
     """Run cases 0..n-1 of this seed (or only case `only`), each against jax.jit; returns what happened."""
     start = time.perf_counter()
     outcomes = []
-    for index in range(n) if only is None else [only]:
-        outcomes.append(run_case(draw_case(seed_value, index)))
-        if progress is not None:
-            progress(outcomes[-1])
-        if index % 200 == 199:  # executables of finished cases: jax keeps them in caches of its own
-            jax.clear_caches()
+    try:
+        for index in range(n) if only is None else [only]:
+            outcomes.append(run_case(draw_case(seed_value, index)))
+            if progress is not None:
+                progress(outcomes[-1])
+            if index % 200 == 199:  # executables of finished cases: jax keeps them in caches of its own
+                jax.clear_caches()
+    except KeyboardInterrupt:  # stopped early: the summary of the cases that ran
+        pass
     return Summary(seed_value, outcomes, time.perf_counter() - start)
