@@ -24,7 +24,7 @@ from jax._src import api_util  # jax.jit's own argnums resolution
 from jax.core import ShapedArray
 from jax.extend import core as jcore
 
-from eqsat import progress, rule_sources
+from eqsat import guard, progress, rule_sources
 from eqsat.backends.lower import lower, weight_boundary
 from eqsat.backends.memory import MEMORY_OPTIMIZED, MemoryReport, figure_of, fit_budget, memory_report
 from eqsat.capture import capture
@@ -96,7 +96,7 @@ class _Entry:
     # the original compiled for validation in the background while the caller's jax.jit compiles the plan
     reference: Future | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)  # held while validating: once, by one thread
-    fell_back: bool = False  # validation (or the measurement after it) put the original in the plan's place
+    mismatched: bool = False  # validation found the plan's results wrong: the original runs
 
 
 class Optimized:
@@ -229,7 +229,7 @@ class Optimized:
         entry = self._entry(signature, prepared=True)
         if entry in self._unvalidated:
             self._unvalidated.remove(entry)
-        self._validate(entry, flat)
+        self._validate(entry, flat, measure=False)  # what runs is the plan with its weights prepared: timed below
         names = self._param_names(signature)
         is_param = [f"x{i}" in names for i in range(len(flat))]
 
@@ -237,11 +237,21 @@ class Optimized:
             p, r = iter(params_flat), iter(rest_flat)
             return [next(p) if param else next(r) for param in is_param]
 
+        original = jax.jit(self.fun, static_argnums=self.static_argnums)
+
+        def unchanged(rest_args: tuple, _leaves: list[Any]) -> Any:
+            return original(*_merge_params(self.params_argnums, params, rest_args))
+
         if entry.call is entry.original:
-            original = jax.jit(self.fun, static_argnums=self.static_argnums)
-            return lambda rest_args, _leaves: original(*_merge_params(self.params_argnums, params, rest_args))
+            return unchanged
         body, weights = _with_weights(entry.plan, flat)
         run = jax.jit(lambda p, r, w: body(*ordered(p, r), *w))
+        if self.limits.guard_seconds > 0:
+            leaves = [x for x, param in zip(flat, is_param, strict=True) if not param]
+            with entry.lock:
+                kept = self._timed(entry, lambda: run(params_flat, leaves, weights), lambda: entry.original(*flat))
+            if not kept:
+                return unchanged
         return lambda _rest, leaves: jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, weights))
 
     def _traced(self, *args: Any, **kwargs: Any) -> Any:
@@ -281,7 +291,7 @@ class Optimized:
         own = self._cache.get((signature, False))
         # traced by another thread, this call may have run it before it fell back (not where arguments are
         # donated: then every trace validates its plan before it runs it)
-        maybe_ran = raced and own is not None and own.fell_back and not self._dispatch.donates
+        maybe_ran = raced and own is not None and own.mismatched and not self._dispatch.donates
         if own is not None and own not in pending and (not own.validated or maybe_ran):
             pending.append(own)
         if not pending:
@@ -567,27 +577,47 @@ class Optimized:
         leaves = (jax.tree_util.tree_leaves(sub) for pos, sub in zip(positions, indexed, strict=True) if pos in params)
         return frozenset(f"x{j}" for sub in leaves for j in sub)
 
-    def _validate(self, entry: _Entry, flat: list[Any] | None = None, got: list[Any] | None = None) -> bool:
+    def _validate(
+        self, entry: _Entry, flat: list[Any] | None = None, got: list[Any] | None = None, measure: bool = True
+    ) -> bool:
         """Compare with the original on these arguments (without them: examples of the signature's shapes, as
         while tracing or before donation); fall back on mismatch. `got`: the optimized results for `flat`, where
-        the caller has them already.
+        the caller has them already. Then (`measure`) time the plan against the original and keep the original
+        where the plan is not faster (Limits.guard_seconds).
 
-        Returns whether the entry runs the original now: it fell back here, or in the thread that validated it.
-        """
+        Returns whether the plan's results were wrong (here, or in the thread that validated it): a call that
+        ran it runs again."""
         with entry.lock:
             if not entry.validated:
+                with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
+                    flat = _examples(entry.signature) if flat is None else flat
                 self._compare(entry, flat, got)
-                if entry.fell_back:  # before the plan counts as validated: no call may still find its trace
+                if measure and self.limits.guard_seconds > 0 and not entry.mismatched:
+                    original, optimized = entry.original, entry.call
+                    if not self._timed(entry, lambda: optimized(*flat), lambda: original(*flat)):
+                        entry.call = entry.original
+                if entry.call is entry.original:  # before the plan counts as validated: no call finds its trace
                     self._dispatch.reset()
                 entry.validated = True
                 self._plans.unchecked.discard(id(entry))
-        return entry.fell_back
+        return entry.mismatched
 
-    def _compare(self, entry: _Entry, flat: list[Any] | None, got: list[Any] | None) -> None:
+    def _timed(self, entry: _Entry, optimized: Callable[[], Any], original: Callable[[], Any]) -> bool:
+        """Whether the plan is kept after timing it against the original within Limits.guard_seconds (once per
+        plan; the plan records what was measured, and where it is not kept, why the original runs)."""
+        if entry.plan.measured is None:
+            progress.begin("measure", "measure the plan against the original")
+            with jax.ensure_compile_time_eval():
+                entry.plan.measured = guard.measure(original, optimized, self.limits.guard_seconds)
+            if not entry.plan.measured["kept"]:
+                entry.plan.fallback = guard.describe(entry.plan.measured)
+                log.info("eqsat: %s: %s", getattr(self.fun, "__name__", "function"), entry.plan.fallback)
+        return entry.plan.measured["kept"]
+
+    def _compare(self, entry: _Entry, flat: list[Any], got: list[Any] | None) -> None:
         """_validate's work: compare, and on a mismatch find the rules involved and fall back."""
         progress.begin("validate", "validate: compile and compare with the original")
         with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
-            flat = _examples(entry.signature) if flat is None else flat
             expected = _comparable(_reference_results(entry, flat))
             got = _comparable(entry.call(*flat) if got is None else got)
         wrong = next(((k, p) for k, p in enumerate(map(_differs, range(len(got)), expected, got)) if p), None)
@@ -610,7 +640,7 @@ class Optimized:
             EqsatWarning,
             stacklevel=4,
         )
-        entry.call, entry.fell_back = entry.original, True
+        entry.call, entry.mismatched = entry.original, True
 
     def _blame(self, entry: _Entry, flat: list[Any], k: int, want: Any) -> tuple[list[str], bool]:
         """The fired rules result k's mismatch depends on, and whether the search finished within its budget
