@@ -34,7 +34,9 @@ def lower(plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int]
                 values[i] = args[input_names[name]] if name in input_names else jnp.asarray(graph.consts[name])
             elif node.op == "Op":
                 call = graph.opaque[node.attrs[0]]
-                values[i] = call.primitive.bind(*ins, **call.params)
+                # as jax.core.eval_jaxpr binds an equation: shard_map's bind takes its parameters in another form
+                # than its equation holds them
+                values[i] = call.primitive.bind(*ins, **call.primitive.get_bind_params(call.params))
             elif node.op == "Get":
                 values[i] = ins[0][node.attrs[0]]
             else:

@@ -37,6 +37,7 @@ from eqsat.ir import Graph, Opaque
 from eqsat.measure import median_time
 from eqsat.plan_cache import PerThread, shared_plans
 from eqsat.saturate import Limits, saturate
+from eqsat.sharding import body_tracing
 
 log = logging.getLogger("eqsat")
 
@@ -540,14 +541,14 @@ class Optimized:
         return chosen
 
     def _optimize_bodies(self, graph: Graph) -> None:
-        """Optimize the bodies of scan, while, cond and remat calls as programs of their own, in place."""
+        """Optimize the bodies of scan, while, cond, remat and shard_map calls as programs of their own, in place."""
         for k, call in enumerate(graph.opaque):
             changed = {}
             for name, value in call.params.items():
-                if name in _SUBPROGRAM_PARAMS and isinstance(value, jcore.Jaxpr):
-                    changed[name] = self._optimize_body(value)
+                if name in _SUBPROGRAM_PARAMS and isinstance(value, jcore.Jaxpr | jcore.ClosedJaxpr):
+                    changed[name] = self._optimize_body(value, call)
                 elif name == "branches" and isinstance(value, tuple):
-                    branches = tuple(self._optimize_body(b) for b in value)
+                    branches = tuple(self._optimize_body(b, call) for b in value)
                     # a new tuple of the same branches is no change (it made every cond look rewritten)
                     changed[name] = value if all(map(operator.is_, branches, value)) else branches
             changed = {name: v for name, v in changed.items() if v is not call.params[name]}
@@ -555,18 +556,23 @@ class Optimized:
                 graph.opaque[k] = Opaque(call.primitive, {**call.params, **changed}, call.multiple_results)
                 graph.bodies_rewritten += 1
 
-    def _optimize_body(self, body: jcore.Jaxpr) -> jcore.Jaxpr:
-        """The body re-planned, or the body itself when nothing changed or the result would not fit in its place."""
-        graph = capture(body)
-        self._optimize_bodies(graph)
-        plan = self._extract(graph, saturate(graph, self.rules, self.limits), frozenset())
-        if self._nothing_to_gain(plan):
-            return body
-        inner = body.jaxpr
-        avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in inner.invars]
-        new = jax.make_jaxpr(lower(plan))(*avals)
+    def _optimize_body(self, body: Any, call: Opaque) -> Any:
+        """The body re-planned, or the body itself when nothing changed or the result would not fit in its place.
+
+        It is traced as its call traces it: a shard_map body within the mesh's manual axes (its collectives and
+        pvary name them), on its own input types (a value varying over an axis stays varying)."""
+        with body_tracing(call):
+            graph = capture(body)
+            self._optimize_bodies(graph)
+            plan = self._extract(graph, saturate(graph, self.rules, self.limits), frozenset())
+            if self._nothing_to_gain(plan):
+                return body
+            inner = body.jaxpr
+            new = jax.make_jaxpr(lower(plan))(*[v.aval for v in inner.invars])
         same_type = [_type(v) for v in new.jaxpr.outvars] == [_type(v) for v in inner.outvars]
-        return new if same_type and not new.consts and not inner.constvars else body
+        if not same_type or new.consts or inner.constvars:
+            return body
+        return new if isinstance(body, jcore.ClosedJaxpr) else new.jaxpr
 
     def _param_names(self, signature: _Signature) -> frozenset[str]:
         """The graph's Var names of the flat leaves that belong to parameter arguments."""
@@ -808,9 +814,10 @@ def _shape_of(plan: Plan) -> tuple:
     return tuple((n.op, n.inputs, n.attrs) for n in plan.nodes)
 
 
-def _type(var: Any) -> tuple:
-    """Shape and dtype, not weak type: what a loop or branch body must keep."""
-    return (getattr(var.aval, "shape", None), getattr(var.aval, "dtype", None))
+def _type(var: Any) -> Any:
+    """The type without its weak type (shape, dtype, the mesh axes a value varies over): what a loop, branch or
+    shard_map body must keep."""
+    return var.aval.strip_weak_type() if hasattr(var.aval, "strip_weak_type") else var.aval
 
 
 def _as_tuple(argnums: int | Sequence[int], option: str = "argnums") -> tuple[int, ...]:
