@@ -37,7 +37,7 @@ from eqsat.ir import Graph, Opaque
 from eqsat.measure import median_time
 from eqsat.plan_cache import PerThread, shared_plans
 from eqsat.saturate import Limits, saturate
-from eqsat.sharding import body_tracing
+from eqsat.sharding import added_collectives, body_tracing, explicit_sharding, partitioned
 
 log = logging.getLogger("eqsat")
 
@@ -598,7 +598,9 @@ class Optimized:
                 with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
                     flat = _examples(entry.signature) if flat is None else flat
                 self._compare(entry, flat, got)
-                if measure and self.limits.guard_seconds > 0 and not entry.mismatched:
+                if not entry.mismatched and partitioned(flat, entry.plan.graph):
+                    self._keep_collectives(entry, flat)
+                if measure and self.limits.guard_seconds > 0 and entry.call is not entry.original:
                     original, optimized = entry.original, entry.call
                     if not self._timed(entry, lambda: optimized(*flat), lambda: original(*flat)):
                         entry.call = entry.original
@@ -607,6 +609,17 @@ class Optimized:
                 entry.validated = True
                 self._plans.unchecked.discard(id(entry))
         return entry.mismatched
+
+    def _keep_collectives(self, entry: _Entry, flat: list[Any]) -> None:
+        """The original runs where the plan, compiled for these arguments' shardings, has a collective more than
+        jax.jit's program (a merge along a sharded axis): sharded programs keep their communication."""
+        with jax.ensure_compile_time_eval():
+            added = added_collectives(entry.call, entry.original, flat)
+        if added:
+            entry.call = entry.original
+            more = ", ".join(f"{n} {kind}" for kind, n in sorted(added.items()))
+            entry.plan.fallback = f"the plan adds collectives that jax.jit's program lacks ({more}): the original runs"
+            log.info("eqsat: %s: %s", getattr(self.fun, "__name__", "function"), entry.plan.fallback)
 
     def _timed(self, entry: _Entry, optimized: Callable[[], Any], original: Callable[[], Any]) -> bool:
         """Whether the plan is kept after timing it against the original within Limits.guard_seconds (once per
@@ -897,16 +910,25 @@ def _reference_results(entry: _Entry, flat: list[Any]) -> list[Any]:
 
 
 def _abstract(x: Any) -> Any:
-    """The abstract value jax.jit keys a leaf by (shape, dtype, weak type; a token's own type), without the
-    sharding or varying-axes annotations a trace may add."""
+    """The abstract value jax.jit keys a leaf by (shape, dtype, weak type; a token's own type; the sharding over a
+    mesh of explicit axes, which is part of the type there), without the varying-axes annotations a trace adds."""
     aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
     if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
         return aval
-    return ShapedArray(tuple(aval.shape), aval.dtype, weak_type=bool(getattr(aval, "weak_type", False)))
+    weak_type = bool(getattr(aval, "weak_type", False))
+    sharding = explicit_sharding(aval)
+    if sharding is not None:
+        return ShapedArray(tuple(aval.shape), aval.dtype, weak_type=weak_type, sharding=sharding)
+    return ShapedArray(tuple(aval.shape), aval.dtype, weak_type=weak_type)
 
 
 def _examples(signature: _Signature) -> list[Any]:
-    return [_example_like(aval, i) for i, aval in enumerate(signature.avals)]
+    """Examples of the signature's leaves, placed as their type says where it names an explicit sharding."""
+    examples = [_example_like(aval, i) for i, aval in enumerate(signature.avals)]
+    return [
+        x if explicit_sharding(aval) is None else jax.device_put(x, explicit_sharding(aval).spec)
+        for x, aval in zip(examples, signature.avals, strict=True)
+    ]
 
 
 def _example_like(aval: Any, seed: int) -> Any:

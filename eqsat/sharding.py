@@ -8,12 +8,13 @@ from typing import Any
 
 from jax._src import config as jax_config
 from jax._src import shard_map as jax_shard_map
-from jax.sharding import use_abstract_mesh
+from jax.sharding import AxisType, use_abstract_mesh
 
-from eqsat.ir import Opaque
+from eqsat.ir import Graph, Opaque
 
 # the collectives XLA's SPMD partitioner and shard_map's lowering emit
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+_PARTITIONING = ("shard_map", "sharding_constraint")
 _COLLECTIVE = re.compile(r"= [^=]*?\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 
 
@@ -34,3 +35,26 @@ def body_tracing(call: Opaque) -> contextlib.AbstractContextManager[Any]:
 def collectives(hlo_text: str) -> Counter[str]:
     """The collectives of a compiled program (`.lower(...).compile().as_text()`), by kind."""
     return Counter(match.group(1) for match in _COLLECTIVE.finditer(hlo_text))
+
+
+def partitioned(flat: list[Any], graph: Graph | None) -> bool:
+    """Whether the program runs partitioned: an argument spread over several devices, or a shard_map or sharding
+    constraint in the program (then XLA's SPMD partitioner may add collectives to what a plan changed)."""
+    spread = any(len(getattr(getattr(x, "sharding", None), "device_set", ())) > 1 for x in flat)
+    return spread or (graph is not None and any(call.primitive.name in _PARTITIONING for call in graph.opaque))
+
+
+def added_collectives(optimized: Any, original: Any, flat: list[Any]) -> dict[str, int]:
+    """The collectives the optimized program, compiled for these arguments, has beyond the original (kind: how
+    many more): a merge along a sharded axis (concatenated weights) makes XLA move the pieces between devices."""
+    mine = collectives(optimized.lower(*flat).compile().as_text())
+    theirs = collectives(original.lower(*flat).compile().as_text())
+    return {kind: n - theirs[kind] for kind, n in mine.items() if n > theirs[kind]}
+
+
+def explicit_sharding(aval: Any) -> Any:
+    """The sharding of an abstract value over a mesh with explicit axes (there it is part of the type: a
+    shard_map's in_specs are checked against it), else None."""
+    sharding = getattr(aval, "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    return sharding if AxisType.Explicit in getattr(mesh, "axis_types", ()) else None
