@@ -17,6 +17,7 @@ written for, leans towards small and first choices, which verification wants and
 """
 
 import collections
+import dataclasses
 import time
 import traceback
 import warnings
@@ -36,7 +37,13 @@ from eqsat.verify import GENERATORS, Program
 
 # small: a case must take well under a second; validation's blame search is what a failure costs, so it is short
 FUZZ_LIMITS = Limits(
-    iterations=4, nodes=2_000, seconds=2.0, extract_seconds=0.2, measure_seconds=0.0, blame_seconds=2.0
+    iterations=4,
+    nodes=2_000,
+    seconds=2.0,
+    extract_seconds=0.2,
+    measure_seconds=0.0,
+    blame_seconds=2.0,
+    guard_seconds=0.0,
 )
 
 DTYPES = ("float32", "float32", "bfloat16", "float16", "int32")
@@ -61,11 +68,13 @@ class Case:
     tree: tuple[int, ...]  # how many input leaves each positional argument holds (the first one a dict)
     as_dict: bool  # results as a dict (else a tuple)
     data_seed: int
+    guard: bool  # the plan timed against the original after validation (a short Limits.guard_seconds)
 
     def describe(self) -> str:
         return (
             f"case {self.index}: {self.transform} (first call {self.first}), body {self.body}, target {self.target}, "
-            f"extractor {self.extractor}, arguments {self.tree}\n  " + repr(self.program).replace("\n", "\n  ")
+            f"extractor {self.extractor}, arguments {self.tree}, guard {self.guard}\n  "
+            + repr(self.program).replace("\n", "\n  ")
         )
 
 
@@ -185,6 +194,7 @@ def _case(rng: np.random.Generator, index: int) -> Case:
         tree,
         bool(rng.integers(2)),
         int(rng.integers(2**31)),
+        bool(rng.integers(4) == 0),
     )
 
 
@@ -274,14 +284,15 @@ def run_case(case: Case) -> Outcome:
         transform = "jit"
     if transform == "vmap":
         args = _batched(args)
-    options: dict[str, Any] = dict(target=case.target, extractor=case.extractor, limits=FUZZ_LIMITS)
+    limits = dataclasses.replace(FUZZ_LIMITS, guard_seconds=0.02) if case.guard else FUZZ_LIMITS
+    options: dict[str, Any] = dict(target=case.target, extractor=case.extractor, limits=limits)
     try:
         if transform == "optimize-grad":
             reference_fn = jax.jit(jax.grad(_loss(fun), argnums=_float_args(args)))
         else:
             reference_fn = jax.jit(_under(transform, fun, args))
         expected = reference_fn(*args)
-        eager = jax.jit(fun)(*_unbatched(args, transform))
+        eager = expected if transform in ("eager", "jit") else jax.jit(fun)(*_unbatched(args, transform))
     except Exception as error:  # the transformation does not apply to this program (jax.jit's own refusal)
         return Outcome(case, "invalid", f"{type(error).__name__}: {error}"[:300])
     with warnings.catch_warnings(record=True) as caught:
