@@ -6,6 +6,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from eqsat.extract.plan import Plan
+from eqsat.graph_walk import reachable
 from eqsat.ops import OPS
 
 
@@ -48,14 +49,8 @@ def lower(plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int]
 
 def _needed(plan: Plan, roots: list[int], given: set[int]) -> list[int]:
     """The plan nodes the roots depend on, stopping at given ones, in plan (topological) order."""
-    seen: set[int] = set()
-    stack = [r for r in roots if r not in given]
-    while stack:
-        i = stack.pop()
-        if i not in seen:
-            seen.add(i)
-            stack.extend(j for j in plan.nodes[i].inputs if j not in given)
-    return sorted(seen)
+    wanted = [r for r in roots if r not in given]
+    return sorted(reachable(wanted, lambda i: [j for j in plan.nodes[i].inputs if j not in given]))
 
 
 def weight_boundary(plan: Plan) -> list[int]:

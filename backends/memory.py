@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Any
 import jax
 import numpy as np
 
+from eqsat.backends.lower import lower
 from eqsat.extract.cost import value_bytes
+from eqsat.graph_walk import postorder
+from eqsat.tolerance import mismatch
 
 if TYPE_CHECKING:  # at runtime only duck-typed, so that extract.plan may import this module
     from eqsat.extract.plan import Plan
@@ -172,17 +175,8 @@ def _sethi_ullman(plan: "Plan") -> list[int]:
         for j in first(i):
             peak, held = max(peak, held + need[j]), held + size[j]
         need[i] = max(peak, held + size[i])
-    order: list[int] = []
-    seen: set[int] = set()
-    stack = [(r, False) for r in reversed([*plan.outputs, *plan.effects])]
-    while stack:
-        i, expanded = stack.pop()
-        if expanded:
-            order.append(i)
-        elif i not in seen:
-            seen.add(i)
-            stack.append((i, True))
-            stack.extend((j, False) for j in reversed(first(i)) if j not in seen)
+    order = postorder([*plan.outputs, *plan.effects], first)
+    seen = set(order)
     return order + [i for i in range(len(nodes)) if i not in seen]  # unreachable nodes last, still topological
 
 
@@ -289,8 +283,6 @@ def segmented(
     Under jax.grad only segment boundaries (and the arguments) are saved; each segment is recomputed in the
     backward pass. The plan must have no effects (they would be recomputed too).
     """
-    from eqsat.backends.lower import lower  # here: backends.lower imports extract.plan, which may import this module
-
     if plan.effects:
         raise ValueError("a plan with effects cannot be split into rematerialized segments")
     bounds = [0, *segment_cuts(plan, k), len(plan.nodes)]
@@ -348,17 +340,13 @@ def fit_budget(
 
     Tried in order, first fit kept: XLA's memory-optimized scheduler; then, when fn is grad(loss) and `loss`
     is given, grad of the loss run as k rematerialized segments (segmented, for each k of `segments`, with
-    and without that scheduler). The segments come from loss_plan (default: eqsat's plan of loss). A
-    candidate whose results differ from fn's is skipped.
+    and without that scheduler). The segments come from loss_plan, eqsat's plan of loss (eqsat.fit_budget makes
+    it). A candidate whose results differ from fn's is skipped.
     """
-    from eqsat.api import _mismatch  # here: eqsat.api may import this module
-
     candidates: list[tuple[str, Callable[..., Any]]] = [("jax.jit", fn)]
     if loss is not None:
         if loss_plan is None:
-            import eqsat
-
-            loss_plan = eqsat.optimize(loss).plan(*args)
+            raise ValueError("fit_budget with a loss needs loss_plan, the loss's plan (eqsat.fit_budget makes it)")
         for k in segments:
             candidates.append((f"{k} rematerialized segments", grad(_tree_function(segmented(loss_plan, k), loss))))
     expected: list[Any] | None = None
@@ -372,7 +360,7 @@ def fit_budget(
             compiled = jax.jit(candidate, compiler_options=options)
             if candidate is not fn:
                 expected = expected if expected is not None else jax.tree_util.tree_leaves(jax.jit(fn)(*args))
-                if _mismatch(expected, jax.tree_util.tree_leaves(compiled(*args))):
+                if mismatch(expected, jax.tree_util.tree_leaves(compiled(*args))):
                     break  # wrong results: the next candidate
             return compiled, BudgetReport(budget_bytes, tried[0][3], figure, label, True, [t[:2] for t in tried])
     label, _, candidate, figure = min(tried, key=lambda t: t[1])

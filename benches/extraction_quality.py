@@ -16,7 +16,8 @@ import jax
 from benches.models.registry import MODELS
 from eqsat.capture import capture
 from eqsat.extract.cost import load_profile
-from eqsat.extract.extractors import dag_cost, extract
+from eqsat.extract.dag import dag_cost
+from eqsat.extract.extractors import extract
 from eqsat.extract.greedy import greedy_dag
 from eqsat.extract.ilp import ilp_extract
 from eqsat.extract.plan import extraction_problem

@@ -13,7 +13,6 @@ import eqsat
 from benches.models.registry import MODELS
 from eqsat.backends.memory import (
     best_fit,
-    fit_budget,
     liveness,
     lower_bound,
     memory_schedule,
@@ -42,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     work = MODELS["train_step"](args.scale)
     unconstrained = xla_figure(work.fn, work.args)["total"]
-    _, report = fit_budget(work.fn, work.args, int(0.7 * unconstrained), loss=work.fn.__wrapped__)
+    _, report = eqsat.fit_budget(work.fn, work.args, int(0.7 * unconstrained), loss=work.fn.__wrapped__)
     print(f"train_step, 70% budget: {report.summary()}")
     return 0 if report.fits else 1
 

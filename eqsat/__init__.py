@@ -12,7 +12,7 @@ from typing import Any
 # Names load on first use (PEP 562), so that a lower layer (extract.cost, importing eqsat.ops) can be imported on
 # its own without pulling in the API above it, whose imports lead back to that layer.
 _HOMES = {
-    "fit_budget": "eqsat.backends.memory",
+    "fit_budget": "eqsat.api",
     "EqsatWarning": "eqsat.api",
     "Optimized": "eqsat.api",
     "optimize": "eqsat.api",

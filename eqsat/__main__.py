@@ -51,7 +51,11 @@ def calibrate(args: argparse.Namespace) -> int:
 def rules_check(args: argparse.Namespace) -> int:
     from eqsat.verify import run_check
 
-    return run_check(args.files, examples=args.examples)
+    try:
+        return run_check(args.files, examples=args.examples, leads=args.lead)
+    except ValueError as error:
+        print(f"python -m eqsat rules check: error: {error}", file=sys.stderr)
+        return 2
 
 
 def fuzz(args: argparse.Namespace) -> int:
@@ -99,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     p = p_rules.add_parser("check", help="verify the built-in rules plus FILEs on random programs")
     p.add_argument("files", nargs="*", metavar="FILE", help="rule files checked together with the built-in groups")
     p.add_argument("--examples", type=int, default=400, help="random programs to saturate and check")
+    p.add_argument(
+        "--lead", action="append", metavar="ENTRY", help="programs led by this generator entry only (repeatable; an op "
+        "name such as Conv, or a rule pattern such as chain); default: every entry"
+    )  # fmt: skip
     p.set_defaults(run=rules_check)
     p = commands.add_parser(
         "fuzz", help="random programs through optimize under random transformations, against jax.jit"

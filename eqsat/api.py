@@ -25,8 +25,9 @@ from jax.core import ShapedArray
 from jax.extend import core as jcore
 
 from eqsat import guard, progress, rule_sources
+from eqsat.backends import memory
 from eqsat.backends.lower import lower, weight_boundary
-from eqsat.backends.memory import MEMORY_OPTIMIZED, MemoryReport, figure_of, fit_budget, memory_report
+from eqsat.backends.memory import MEMORY_OPTIMIZED, BudgetReport, MemoryReport, figure_of, memory_report
 from eqsat.capture import capture
 from eqsat.egraph_check import check_egraph
 from eqsat.errors import EqsatError
@@ -36,8 +37,10 @@ from eqsat.extract.timing import priced
 from eqsat.ir import Graph, Opaque
 from eqsat.measure import median_time
 from eqsat.plan_cache import PerThread, shared_plans
+from eqsat.sample import example_like
 from eqsat.saturate import Limits, saturate
 from eqsat.sharding import added_collectives, body_tracing, explicit_sharding, partitioned
+from eqsat.tolerance import beyond_conditioning, comparable, differs
 
 log = logging.getLogger("eqsat")
 
@@ -47,13 +50,6 @@ _SUBPROGRAM_PARAMS = ("jaxpr", "cond_jaxpr", "body_jaxpr")  # sub-programs of sc
 
 class EqsatWarning(UserWarning):
     """The optimized program disagreed with the original, or could not be built; the original runs."""
-
-
-# relative tolerance per dtype kind: float32 re-association changes rounding by about this much
-_RTOL = {"float64": 1e-7, "float32": 2e-3, "float16": 5e-2, "bfloat16": 5e-2}
-# the share of a result's largest magnitude added to each element's own (see _differs): 1e-5 of the scale for
-# float32, about 10x what re-associating sums of 4,096 to 16,384 terms measured, 200x below the old bound
-_SCALE_SHARE = 5e-3
 
 
 class _Dispatch:
@@ -338,7 +334,7 @@ class Optimized:
         loss = getattr(self.fun, "__wrapped__", None)
         if loss is None or self.static_argnums:
             return False
-        fitted, report = fit_budget(self.fun, call_args, self.memory_budget, loss=loss)
+        fitted, report = fit_budget(self.fun, call_args, self.memory_budget, loss=loss)  # eqsat.api.fit_budget
         if not report.fits:
             return False
         tree = jax.tree_util.tree_structure(list(call_args))
@@ -637,12 +633,12 @@ class Optimized:
         """_validate's work: compare, and on a mismatch find the rules involved and fall back."""
         progress.begin("validate", "validate: compile and compare with the original")
         with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
-            expected = _comparable(_reference_results(entry, flat))
-            got = _comparable(entry.call(*flat) if got is None else got)
-        wrong = next(((k, p) for k, p in enumerate(map(_differs, range(len(got)), expected, got)) if p), None)
+            expected = comparable(_reference_results(entry, flat))
+            got = comparable(entry.call(*flat) if got is None else got)
+        wrong = next(((k, p) for k, p in enumerate(map(differs, range(len(got)), expected, got)) if p), None)
         if wrong is not None:
             with jax.ensure_compile_time_eval():
-                wrong = _beyond_conditioning(entry.original, flat, expected, got)
+                wrong = beyond_conditioning(entry.original, flat, expected, got)
         if wrong is None:
             return
         k, problem = wrong
@@ -684,8 +680,8 @@ class Optimized:
         def reproduces(names: list[str]) -> bool:
             try:
                 plan = self._extract(graph, saturated(names), entry.params)
-                have = _comparable(jax.jit(lower(plan))(*flat))[k]
-                return not self._nothing_to_gain(plan) and _differs(k, want, have) is not None
+                have = comparable(jax.jit(lower(plan))(*flat))[k]
+                return not self._nothing_to_gain(plan) and differs(k, want, have) is not None
             except Exception:  # a subset may fail in its own way (a shape conflict): not this mismatch
                 return False
 
@@ -878,6 +874,21 @@ def _flat_function(
     return flat_fun, lambda: out_tree["tree"]
 
 
+def fit_budget(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    budget_bytes: int,
+    *,
+    loss: Callable[..., Any] | None = None,
+    **options: Any,
+) -> tuple[Callable[..., Any], BudgetReport]:
+    """A jitted function computing fn that fits budget_bytes by XLA's measure where one was found, and the report:
+    backends.memory.fit_budget, with the segments of a given loss taken from eqsat's plan of it."""
+    if loss is not None and options.get("loss_plan") is None:
+        options["loss_plan"] = optimize(loss).plan(*args)
+    return memory.fit_budget(fn, args, budget_bytes, loss=loss, **options)
+
+
 def _with_original_derivatives(
     optimized: Callable[..., list[Any]], original: Callable[..., list[Any]]
 ) -> Callable[..., list[Any]]:
@@ -924,121 +935,12 @@ def _abstract(x: Any) -> Any:
 
 def _examples(signature: _Signature) -> list[Any]:
     """Examples of the signature's leaves, placed as their type says where it names an explicit sharding."""
-    examples = [_example_like(aval, i) for i, aval in enumerate(signature.avals)]
+    examples = [example_like(aval, i) for i, aval in enumerate(signature.avals)]
     return [
         x if explicit_sharding(aval) is None else jax.device_put(x, explicit_sharding(aval).spec)
         for x, aval in zip(examples, signature.avals, strict=True)
     ]
 
 
-def _example_like(aval: Any, seed: int) -> Any:
-    """A concrete value of this abstract value: random normals for floats, zeros for integers and booleans
-    (safe as indices), a fixed key for typed keys, a fresh token for tokens."""
-    if not isinstance(aval, ShapedArray):
-        return jax.lax.create_token()
-    dtype = aval.dtype
-    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
-        impl = dtype._impl  # a key dtype has no public accessor for its implementation
-        return jax.random.wrap_key_data(np.zeros((*aval.shape, *impl.key_shape), np.uint32), impl=impl)
-    if np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.complexfloating):
-        return np.random.default_rng(seed).standard_normal(aval.shape).astype(dtype)
-    return np.zeros(aval.shape, dtype)
-
-
-def _comparable(values: list[Any]) -> list[np.ndarray]:
-    """Results as arrays _mismatch compares: a key as its data, a complex array as its real and imaginary
-    parts (a float array, so that it gets its float tolerance), a token as nothing."""
-    out = []
-    for value in values:
-        if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
-            value = jax.random.key_data(value)
-        elif not hasattr(value, "dtype"):  # a token
-            value = np.zeros(0)
-        value = np.asarray(value)
-        out.append(np.stack([value.real, value.imag]) if np.iscomplexobj(value) else value)
-    return out
-
-
 def _failure(name: str, error: Exception) -> str:
     return f"eqsat could not plan {name} ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
-
-
-def _mismatch(expected: list[Any], got: list[Any]) -> str | None:
-    """None if every result agrees within the dtype's tolerance, else what differed (the first that did)."""
-    return next(filter(None, map(_differs, range(len(expected)), expected, got)), None)
-
-
-def _beyond_conditioning(
-    original: Callable[..., list[Any]], flat: list[Any], expected: list[Any], got: list[Any]
-) -> tuple[int, str] | None:
-    """The first result that differs by more than the original's own sensitivity allows, with what differed.
-
-    An element that sums terms which cancel is not determined by the original to better than those terms'
-    rounding, which re-association changes: the original is run on its float inputs perturbed by a few ulps, and
-    an element may differ by CONDITIONING times as much as the original's own result moved."""
-    rng = np.random.default_rng(0)
-    moved: list[np.ndarray | None] = [None] * len(expected)
-    for _ in range(2):
-        perturbed = [_perturbed(x, rng) for x in flat]
-        try:
-            values = _comparable(original(*perturbed))
-        except Exception:  # an input the program reads exactly (a table index as float): no sensitivity known
-            break
-        for k, value in enumerate(values):
-            if np.asarray(value).dtype.name in _RTOL:
-                delta = np.abs(np.asarray(value, np.float64) - np.asarray(expected[k], np.float64))
-                moved[k] = delta if moved[k] is None else np.maximum(moved[k], delta)
-    for k, (want, have) in enumerate(zip(expected, got, strict=True)):
-        spread = None if moved[k] is None else _CONDITIONING * np.nan_to_num(moved[k], nan=0.0, posinf=0.0)
-        problem = _differs(k, want, have, spread)
-        if problem:
-            return k, problem
-    return None
-
-
-# How many times the original's own movement under a few-ulp perturbation of its inputs an element may move. The
-# perturbation enters once, at the inputs; a deep program rounds again at every layer, so its re-associated
-# results move further: 22x measured on a MobileNetV2 training step's vanishing weight gradients (max 2.5e-13).
-_CONDITIONING = 32.0
-_PERTURBATION_ULPS = 4
-
-
-def _perturbed(x: Any, rng: np.random.Generator) -> Any:
-    """A float input with each element moved by a few ulps (sign at random); other inputs as they are."""
-    array = np.asarray(x) if hasattr(x, "dtype") else x
-    if not hasattr(array, "dtype") or array.dtype.name not in _RTOL:
-        return x
-    eps = float(jax.numpy.finfo(array.dtype).eps)
-    signs = rng.choice(np.array([-1.0, 1.0]), array.shape)
-    return (array.astype(np.float64) * (1 + _PERTURBATION_ULPS * eps * signs)).astype(array.dtype)
-
-
-def _differs(k: int, want: Any, have: Any, spread: np.ndarray | None = None) -> str | None:
-    """What is wrong with result k, or None. Each element must be within rtol of its own magnitude plus a small
-    share of the result's scale: re-association changes an element by a few roundings of the largest terms it sums
-    (about 1e-6 of the scale for float32 sums of 4,096 terms), which an element near zero cannot absorb itself."""
-    want, have = np.asarray(want), np.asarray(have)
-    if want.shape != have.shape or want.dtype != have.dtype:
-        return f"result {k}: {have.shape} {have.dtype} instead of {want.shape} {want.dtype}"
-    rtol = _RTOL.get(want.dtype.name)
-    if rtol is None:
-        return None if np.array_equal(want, have) else f"result {k}: {np.sum(want != have)} elements differ"
-    w, h = want.astype(np.float64), have.astype(np.float64)
-    # Where the original overflowed (inf or NaN) a finite result is accepted: the stable forms do this on
-    # purpose. The reverse, an inf or NaN the original did not produce, is a mismatch.
-    if np.any(~np.isfinite(h) & ~((h == w) | (np.isnan(h) & np.isnan(w)))):
-        return f"result {k}: inf or NaN where the original has a different value"
-    finite = np.isfinite(w) & np.isfinite(h)
-    w, h = w[finite], h[finite]  # only finite values are subtracted: no numpy warnings leak
-    scale = float(np.max(np.abs(w), initial=0.0))
-    allowed = rtol * (np.abs(w) + _SCALE_SHARE * scale)
-    if spread is not None:  # what the original's own sensitivity leaves undetermined (_beyond_conditioning)
-        allowed = allowed + np.broadcast_to(spread, finite.shape)[finite]
-    bad = np.abs(w - h) > allowed
-    if not np.any(bad):
-        return None
-    i = int(np.argmax(np.abs(w - h) - allowed))
-    return (
-        f"result {k}: {int(bad.sum())} of {w.size} elements differ, e.g. {h[i]:.6g} instead of {w[i]:.6g} "
-        f"(allowed {rtol:g} x (|value| + {_SCALE_SHARE:g} x max |value| {scale:.3g}))"
-    )

@@ -12,7 +12,7 @@ from jax.core import ShapedArray
 from jax.extend import core as jcore
 
 from eqsat.ir import Graph, Node, Opaque
-from eqsat.ops import CAPTURED_PRIMITIVES
+from eqsat.ops import captured_as
 
 INLINED = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call"}
 _INLINED_BODY_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
@@ -85,12 +85,20 @@ def _model(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, t
     special = _SPECIAL.get(name)
     if special is not None:
         return special(graph, eqn, inputs)
-    op = CAPTURED_PRIMITIVES.get(name)
-    if op is None or any(value is not None for value in eqn.params.values()):
+    op = captured_as(name)
+    if op is None:
         return None
+    if op.capture_params is not None:
+        attrs = op.capture_params(dict(eqn.params))
+        if attrs is None:
+            return None
+    elif any(value is not None for value in eqn.params.values()):
+        return None
+    else:
+        attrs = ()
     if op.arity == 2:
-        return op.name, (), [_broadcast_to(graph, node, eqn.outvars[0].aval.shape) for node in inputs]
-    return op.name, (), inputs
+        return op.name, attrs, [_broadcast_to(graph, node, eqn.outvars[0].aval.shape) for node in inputs]
+    return op.name, attrs, inputs
 
 
 def _broadcast_to(graph: Graph, node: int, shape: tuple[int, ...]) -> int:

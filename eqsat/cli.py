@@ -55,13 +55,9 @@ class ArgSpec:
     shape: tuple[int, ...]
 
     def example(self, seed: int) -> np.ndarray:
-        """Random normal values for floats (fixed seed), zeros for integers and booleans."""
-        import jax.numpy as jnp
+        from eqsat.sample import example_array
 
-        dtype = jnp.dtype(self.dtype)
-        if jnp.issubdtype(dtype, jnp.floating):
-            return np.random.default_rng(seed).standard_normal(self.shape).astype(dtype)
-        return np.zeros(self.shape, dtype)
+        return example_array(self.shape, self.dtype, np.random.default_rng(seed))
 
 
 def parse_arg_spec(text: str) -> ArgSpec:

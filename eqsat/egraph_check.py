@@ -11,17 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from eqsat.ir import Graph
 from eqsat.ops import OPS
 from eqsat.saturate import ENode, Snapshot
-
-# Largest error allowed for rules marked `; @real`, relative to the largest magnitude a node combines (see
-# `tolerance`). Ints: exact.
-_RTOL = {"float64": 1e-10, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2, "complex64": 1e-4, "complex128": 1e-10}
-_ROUNDINGS = 8  # rounding errors allowed per element of the longest reduction, for rules sound in floating point
+from eqsat.tolerance import difference, rule_tolerance
 
 
 @dataclass(frozen=True)
@@ -55,42 +50,6 @@ class Disagreement:
 
 def node_text(op: str, attrs: tuple, children: tuple[str, ...]) -> str:
     return f"({' '.join([op, *(repr(a) for a in attrs), *children])})"
-
-
-def tolerance(dtype: np.dtype, scale: float, real: bool, reduction: int = 1) -> float:
-    """The absolute error allowed for a value of this dtype whose computation involves magnitudes up to `scale`.
-
-    Rules sound in floating point (layout, concat/slice, merges, batching) compute each element with the same
-    operations; at most a contraction sums its terms in another order (a merged GEMM's kernel blocks differently),
-    so they get _ROUNDINGS roundings per element of the longest reduction in the program (8 * eps * scale for
-    programs without contractions, about 100x tighter than float32's real-number tolerance), capped at that
-    tolerance. The rules marked real (re-association, distributivity) change the
-    rounding of the whole chain a node re-associates: at most about K*eps*scale for a length-K sum,
-    ~sqrt(K)*eps*scale in practice; with chains of contractions of length <= 8^3 (dims 1-8) and float32's eps of
-    6e-8 that stays under 3e-5*scale, so 1e-4 (_RTOL) keeps margin, while an unsound rewrite (a swapped operand, a
-    dropped op) is off by a sizable fraction of the scale. Integers and booleans must agree exactly.
-    """
-    kind = np.dtype(dtype)
-    if not jnp.issubdtype(kind, jnp.inexact):  # jnp's: it knows bfloat16 is a float
-        return 0.0
-    real_tolerance = _RTOL.get(kind.name, 1e-4) * scale
-    if real:
-        return real_tolerance
-    return min(_ROUNDINGS * max(reduction, 1) * float(jnp.finfo(kind).eps) * scale, real_tolerance)
-
-
-def _difference(want: Any, got: Any, allowed: float) -> tuple[float, float] | None:
-    """(error, allowed) if `got` disagrees with `want`, else None; shapes and dtypes already match."""
-    w, g = np.asarray(want), np.asarray(got)
-    if allowed == 0.0:
-        return None if np.array_equal(w, g) else (float(np.max(np.abs(w.astype(float) - g.astype(float)))), 0.0)
-    wide = np.complex128 if np.iscomplexobj(w) else np.float64
-    w, g = w.astype(wide), g.astype(wide)
-    finite = np.isfinite(w) & np.isfinite(g)
-    if not np.array_equal(w[~finite], g[~finite], equal_nan=True) or not np.array_equal(np.isfinite(w), np.isfinite(g)):
-        return float("inf"), allowed
-    error = float(np.max(np.abs(w - g)[finite], initial=0.0))
-    return (error, allowed) if error > allowed else None
 
 
 def _magnitude(*values: Any) -> float:
@@ -208,7 +167,7 @@ def check_egraph(graph: Graph, snapshot: Snapshot, inputs: Sequence[Any], real: 
     for node, out in zip(checked, outs, strict=True):
         want = values[node.eclass]
         scale = _magnitude(want, out, *(values.get(c) for c in node.children))
-        diff = _difference(want, out, tolerance(np.asarray(want).dtype, scale, real, reduction))
+        diff = difference(want, out, rule_tolerance(np.asarray(want).dtype, scale, real, reduction))
         if diff:
             texts = tuple(by_class[node.eclass])
             found.append(Disagreement(node.eclass, node.op, node.attrs, node.children, *diff, rules, texts))

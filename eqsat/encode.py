@@ -4,11 +4,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from eqsat.ir import Graph, Node
-from eqsat.ops import OPAQUE_DECLS, OPS
+from eqsat.ops import OPS
 
 ANALYSIS = "analysis"  # ruleset of the shape and dtype analyses, saturated before every rewrite step
 # egglog functions and relations that hold facts about tensors, not tensors: not e-nodes of the program
-FACTS = ("shape", "dtype", "Orig", "sibling-first", "sibling-last", "scalar-value")
+FACTS = ("shape", "dtype", "Orig", "sibling-first", "sibling-last", "scalar-value", "axes-checked")
 
 
 def prelude() -> str:
@@ -24,12 +24,16 @@ def prelude() -> str:
         # siblings give O(n^2) merges, not every subset in every order.
         "(function sibling-first (Tensor) i64 :merge (min old new))",
         "(function sibling-last (Tensor) i64 :merge (max old new))",
+        # per-axis shape checks of any rank (Bcast's): (axes-checked e i last) says axes 0..i-1 of e's input hold
+        "(relation axes-checked (Tensor i64 i64))",
         # the value of a floating-point scalar constant (relu is max(x, 0.0)), for rules to match on
         "(function scalar-value (Tensor) f64 :merge (min old new))",
         f"(ruleset {ANALYSIS})",
-        OPAQUE_DECLS.strip(),
     ]
     for op in OPS.values():
+        if op.declaration is not None:
+            lines.append(op.declaration)
+            continue
         lines.append(f"(constructor {op.name} ({op.signature()}) Tensor)")
         for k, rule in enumerate(op.shape_rules):
             body = rule.format(pat=op.pattern()).removesuffix(")")

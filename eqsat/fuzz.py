@@ -1,7 +1,7 @@
 """Differential fuzzing of the whole pipeline: random JAX programs through optimize(), under random
 transformations and calling contexts, against jax.jit of the same program.
 
-The programs are those `rules check` draws (eqsat/verify.py: one generator per op of the table and per rule
+The programs are those `rules check` draws (eqsat/generators.py: one generator per op of the table and per rule
 pattern, the kernel-selection alternatives, convolution gradients and pools included), over float32, bfloat16,
 float16 and int32, with their inputs packed as pytrees, their results as a dict or tuple, and the program placed
 in a scan, cond, fori_loop or remat body or left straight. Each is optimized with random options (target,
@@ -12,8 +12,9 @@ validation uses (`mismatch`), when eqsat raises where jax.jit did not (`crash`),
 failed and warned (`internal`). Fallbacks (validation caught a wrong plan and the original ran) are counted.
 
 `python -m eqsat fuzz --n N --seed S` runs N cases; `--only I` re-runs case I of that seed. Deterministic: case I
-of seed S is drawn from numpy's generator seeded with (S, I), uniformly (hypothesis, which the generators are
-written for, leans towards small and first choices, which verification wants and a fuzzer does not).
+of seed S (for one version of the generator table) is drawn from numpy's generator seeded with (S, I), uniformly
+(hypothesis, which the generators are written for, leans towards small and first choices, which verification
+wants and a fuzzer does not).
 """
 
 import collections
@@ -31,9 +32,11 @@ import numpy as np
 from hypothesis import strategies as st
 from jax import lax
 
-from eqsat.api import EqsatWarning, _beyond_conditioning, _comparable, _mismatch, optimize
+from eqsat.api import EqsatWarning, optimize
+from eqsat.generators import generators
+from eqsat.program import Program
 from eqsat.saturate import Limits
-from eqsat.verify import GENERATORS, Program
+from eqsat.tolerance import beyond_conditioning, comparable, mismatch
 
 # small: a case must take well under a second; validation's blame search is what a failure costs, so it is short
 FUZZ_LIMITS = Limits(
@@ -167,10 +170,11 @@ def _case(rng: np.random.Generator, index: int) -> Case:
     draw = _uniform_draw(rng)
     dtype = _pick(rng, DTYPES)
     prog = Program(dtype)
-    names = sorted(GENERATORS)
+    entries = generators()
+    names = tuple(sorted(entries))
     for _ in range(int(rng.integers(1, 5))):
         try:
-            GENERATORS[_pick(rng, tuple(names))](draw, prog)
+            entries[_pick(rng, names)](draw, prog)
         except Exception as error:  # an op this dtype does not take (tanh of an int, an integer -inf)
             raise _Rejected from error
     if not prog.outputs():
@@ -355,16 +359,16 @@ def _compare(reference_fn: Callable[..., Any], args: tuple, expected: Any, got: 
     want_tree, have_tree = jax.tree_util.tree_structure(expected), jax.tree_util.tree_structure(got)
     if want_tree != have_tree:
         return f"{what}: result tree {have_tree} instead of {want_tree}"
-    want = _comparable(jax.tree_util.tree_leaves(expected))
-    have = _comparable(jax.tree_util.tree_leaves(got))
-    if _mismatch(want, have) is None:
+    want = comparable(jax.tree_util.tree_leaves(expected))
+    have = comparable(jax.tree_util.tree_leaves(got))
+    if mismatch(want, have) is None:
         return None
     leaves, tree = jax.tree_util.tree_flatten(args)
 
     def flat_reference(*xs: Any) -> list[Any]:
         return jax.tree_util.tree_leaves(reference_fn(*jax.tree_util.tree_unflatten(tree, xs)))
 
-    wrong = _beyond_conditioning(flat_reference, leaves, want, have)
+    wrong = beyond_conditioning(flat_reference, leaves, want, have)
     return None if wrong is None else f"{what}: {wrong[1]}"
 
 

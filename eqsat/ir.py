@@ -5,6 +5,8 @@ from typing import Any
 
 import numpy as np
 
+from eqsat.graph_walk import reachable
+
 Shape = tuple[int, ...]
 
 
@@ -42,6 +44,10 @@ class Graph:
 
     def roots(self) -> list[int]:
         return [*self.outputs, *self.effects]
+
+    def live(self) -> set[int]:
+        """The nodes the outputs and effects depend on (capture can leave dead ones behind)."""
+        return reachable(self.roots(), lambda i: self.nodes[i].inputs)
 
     def op_name(self, op: str, attrs: tuple) -> str:
         """What a person calls the op: the primitive's name for an opaque call, else the IR op."""

@@ -2,12 +2,14 @@
 
 Each entry gives the egglog constructor (attributes, then tensor inputs), the egglog rules that derive the
 output shape from the input shapes (a node whose shape guard fails gets no shape and is never extracted),
-how the op is priced (its cost class) and how it lowers to `jax.lax`. Capture, the egglog prelude, the cost
-model and lowering all read this table.
+how the op is priced (its cost class), how it lowers to `jax.lax`, which jax primitives capture as it (and how
+their parameters become its attributes), and which attributes `rules check` may draw for it. Capture, the egglog
+prelude, the cost model, lowering and `rules check` all read this table; a new op is one entry.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from functools import lru_cache, partial
 from math import prod
 from typing import Any
@@ -20,21 +22,46 @@ from jax import lax
 Shape = tuple[int, ...]
 
 
+class CostClass(StrEnum):
+    """How the cost model prices an op (extract/cost.py has one pricing function per class)."""
+
+    SOURCE = "source"  # an input or a constant: nothing to compute
+    CONTRACTION = "contraction"  # flops against the roofline, or measured by the timing cache
+    ELEMENTWISE = "elementwise"  # fused by XLA: slices and concats too
+    BITCAST = "bitcast"  # a row-major reshape: XLA moves no data
+    GATHER = "gather"  # reads the rows it returns
+    WINDOW = "window"  # a pooling pass: reads its input once, writes its output
+    OPAQUE = "opaque"  # a primitive the table does not model: one pass over its data
+
+
 @dataclass(frozen=True)
 class OpSpec:
     name: str  # egglog constructor name
     attrs: tuple[str, ...]  # egglog sorts of the leading attribute arguments
     arity: int  # tensor inputs after the attributes
-    # "source" | "contraction" | "elementwise" (fused by XLA: slices, concats too) | "bitcast" (a row-major reshape:
-    # XLA moves no data) | "gather" | "window" (a pooling pass: reads its input once, writes its output) | "opaque"
-    cost_class: str
-    lower: Callable[..., Any] | None  # lower(attrs, *inputs) -> jax value
+    cost_class: CostClass  # given as the enum or its value; anything else fails when the table is built
+    lower: Callable[..., Any] | None  # lower(attrs, *inputs) -> jax value; None for the structural ops
     shape_rules: tuple[str, ...] = ()  # egglog rule bodies; `e` is the node, `sa`/`sb` input shapes
     primitives: tuple[str, ...] = ()  # jax primitives captured as this op
     contracted: Callable[[list[Shape]], int] | None = None  # contraction length per output element
     epilogue: bool = False  # bias and activation on the output: free where the target runs them in the GEMM
     dtype_rule: str | None = None  # egglog rule body setting (dtype e); None: the first input's dtype
     alternative: bool = False  # another implementation of an op, put beside it by rules/kernels.egg
+    # a captured primitive's parameters -> this op's attributes (None: not this op); for primitives with parameters
+    # that no special capture in eqsat/capture.py handles. Without it only parameterless primitives are captured.
+    capture_params: Callable[[dict[str, Any]], tuple | None] | None = None
+    # the attribute tuples `rules check` may draw for an input of this shape (all inputs share it); ops without a
+    # hand-written generator in eqsat/generators.py are drawn from it (no attributes: the op on random inputs)
+    example_attrs: Callable[[Shape], list[tuple]] | None = None
+    declaration: str | None = None  # egglog declaration, for a structural op that is not a plain constructor
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cost_class", CostClass(self.cost_class))
+
+    @property
+    def structural(self) -> bool:
+        """An input or an opaque call or projection: in the e-graph, never lowered through the table."""
+        return self.lower is None
 
     def signature(self) -> str:
         return " ".join((*self.attrs, *("Tensor",) * self.arity))
@@ -60,7 +87,13 @@ _BINARY_RULES = (_SAME, _SCALAR_RIGHT, _SCALAR_LEFT)
 
 
 def _binary(name: str, fn: Callable[..., Any], primitive: str) -> OpSpec:
-    return OpSpec(name, (), 2, "elementwise", lambda _attrs, a, b: fn(a, b), _BINARY_RULES, (primitive,))
+    def lower(_attrs: tuple, a: Any, b: Any) -> Any:
+        # the shape rules' semantics: equal shapes or a scalar side (lax itself also broadcasts size-1 axes)
+        if jnp.shape(a) != jnp.shape(b) and jnp.ndim(a) and jnp.ndim(b):
+            raise TypeError(f"{name} of shapes {jnp.shape(a)} and {jnp.shape(b)}")
+        return fn(a, b)
+
+    return OpSpec(name, (), 2, "elementwise", lower, _BINARY_RULES, (primitive,))
 
 
 def _unary(name: str, fn: Callable[..., Any], primitive: str) -> OpSpec:
@@ -322,12 +355,19 @@ def _conv_op(
     name: str, lower: Callable[..., Any], groups: tuple[str, str] = _FEATURE_GROUPS, alternative: bool = False
 ) -> OpSpec:
     """An op with Conv's nine attributes and (x, w) inputs: Conv, ConvBG and their alternative implementations."""
+
+    def nonempty(attrs: tuple, x: Any, w: Any) -> Any:
+        out = lower(attrs, x, w)
+        if 0 in out.shape:  # the shape rules' semantics: a window that fits the padded input at least once
+            raise ValueError(f"{name} of {x.shape} by a {w.shape} window has an empty output")
+        return out
+
     return OpSpec(
         name,
         ("i64",) * 9,
         2,
         "contraction",
-        lower,
+        nonempty,
         _conv_shape_rules(name, groups),
         contracted=lambda shapes: prod(shapes[1][:3]),
         alternative=alternative,
@@ -361,6 +401,13 @@ OPS: dict[str, OpSpec] = {
     for op in [
         # Graph inputs, parameters and constants: (Var "x0"), (Var "c3").
         OpSpec("Var", ("String",), 0, "source", None),
+        # A jax primitive the table does not model, bound with its original parameters: (Op index inputs) with its
+        # inputs as a list (TCons x (TCons y (TNil)))), and the projection of one result out of a multi-result one:
+        # (Get call k). Never rewritten; their shapes are set at encoding.
+        OpSpec("TNil", (), 0, "source", None, declaration="(datatype TList (TNil) (TCons Tensor TList))"),
+        OpSpec("TCons", (), 2, "source", None, declaration=""),  # declared with TNil
+        OpSpec("Op", ("i64",), 0, "opaque", None, declaration="(constructor Op (i64 TList) Tensor)"),
+        OpSpec("Get", ("i64",), 1, "source", None, declaration="(constructor Get (Tensor i64) Tensor)"),
         # tensordot with one contracted axis: a[..., K] . b[K, ...] -> a[..., :-1] + b[1:].
         OpSpec(
             "Dot",
@@ -483,8 +530,18 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             lambda attrs, a: lax.broadcast_in_dim(a, tuple(attrs[0]), tuple(attrs[1])),
+            # input axis i goes to output axis k1[i], increasing, and keeps its size or is 1: checked axis by
+            # axis (axes-checked e i last: axes before i hold, the last of them went to output axis `last`)
             (
                 "(rule ((= e (Bcast k0 k1 a)) (= sa (shape a)) (= (vec-length sa) (vec-length k1)))"
+                " ((axes-checked e 0 -1)))",
+                "(rule ((axes-checked e i last) (= e (Bcast k0 k1 a)) (= sa (shape a)) (< i (vec-length sa))"
+                " (= d (vec-get k1 i)) (> d last) (< d (vec-length k0)) (= (vec-get sa i) (vec-get k0 d)))"
+                " ((axes-checked e (+ i 1) d)))",
+                "(rule ((axes-checked e i last) (= e (Bcast k0 k1 a)) (= sa (shape a)) (< i (vec-length sa))"
+                " (= d (vec-get k1 i)) (> d last) (< d (vec-length k0)) (= (vec-get sa i) 1))"
+                " ((axes-checked e (+ i 1) d)))",
+                "(rule ((axes-checked e n last) (= e (Bcast k0 k1 a)) (= sa (shape a)) (= n (vec-length sa)))"
                 " ((set (shape e) k0)))",
             ),
         ),
@@ -605,15 +662,10 @@ OPS: dict[str, OpSpec] = {
     ]
 }
 
-# Ops the e-graph holds but never rewrites: a jax primitive bound with its original parameters, and the
-# projection of one result out of a multi-result primitive. Their shapes are set at encoding.
-OPAQUE_DECLS = """
-(datatype TList (TNil) (TCons Tensor TList))
-(constructor Op (i64 TList) Tensor)
-(constructor Get (Tensor i64) Tensor)
-"""
 
-CAPTURED_PRIMITIVES: dict[str, OpSpec] = {p: op for op in OPS.values() for p in op.primitives}
+def captured_as(primitive: str) -> OpSpec | None:
+    """The op a jax primitive is captured as by the table alone (read at each call: a new entry counts at once)."""
+    return next((op for op in OPS.values() if primitive in op.primitives), None)
 
 
 @lru_cache(maxsize=65536)

@@ -1,4 +1,5 @@
-"""The cost model: a roofline per op class, priced against a device profile (a data file).
+"""The cost model: a roofline per cost class (PRICES: one pricing function each), against a device profile (a
+data file), with measured kernel times from the timing cache where it has them.
 
 XLA fuses elementwise chains into their neighbours, so an elementwise op is priced as the memory pass of its
 output and no kernel of its own; contractions cost max(compute, memory) plus a kernel launch.
@@ -6,6 +7,7 @@ output and no kernel of its own; contractions cost max(compute, memory) plus a k
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from math import prod
@@ -14,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from eqsat.ops import OPS, contraction_flops
+from eqsat.ops import OPS, CostClass, contraction_flops
 
 Shape = tuple[int, ...]
 
@@ -121,9 +123,82 @@ def _from_json(text: str) -> Profile:
     return Profile(**{k: v for k, v in data.items() if k in known})  # extra keys: raw measurements, newer fields
 
 
-def class_of(op: str) -> str:
-    """The cost class of an IR op: the op table's, "opaque" for a re-bound primitive, "source" otherwise."""
-    return OPS[op].cost_class if op in OPS else ("opaque" if op == "Op" else "source")
+def class_of(op: str) -> CostClass:
+    """The cost class of an IR op, from the op table."""
+    return OPS[op].cost_class
+
+
+@dataclass(frozen=True)
+class _Node:
+    """What pricing one node reads: the op, its attributes, its inputs' and output's shapes and bytes."""
+
+    op: str
+    attrs: tuple
+    in_shapes: list[Shape | None]
+    out_shape: Shape | None
+    dtype: str | None
+    in_bytes: int
+    out_bytes: int
+
+
+def _free(node: _Node, profile: Profile) -> Cost:
+    return Cost()
+
+
+def _fused_pass(node: _Node, profile: Profile) -> Cost:
+    """XLA fuses elementwise ops into their neighbours: the memory pass of the output, no kernel of its own."""
+    kernels = 0 if profile.fuses_elementwise else 1
+    seconds = node.out_bytes / profile.bandwidth_for(node.out_bytes) + kernels * profile.launch_overhead
+    return Cost(seconds, float(prod(node.out_shape or ())), node.out_bytes, kernels)
+
+
+def _contraction(node: _Node, profile: Profile) -> Cost:
+    """max(compute, memory) and a kernel launch, or what the timing cache measured."""
+    assert node.out_shape is not None and node.in_shapes[0] is not None
+    flops = float(contraction_flops(node.op, node.in_shapes, node.out_shape))
+    moved = node.in_bytes + node.out_bytes
+    measured = _timed(profile, node)
+    if measured is not None:
+        return Cost(measured, flops, moved, 1, measured=1)
+    peak = profile.flops_per_second(node.dtype or "float32", conv=node.op == "Conv")
+    seconds = max(flops / peak, moved / profile.bandwidth_for(moved))
+    seconds += _epilogue_passes(node.op, node.attrs, profile) * node.out_bytes / profile.bandwidth_for(node.out_bytes)
+    overhead = profile.launch_overhead if profile.contraction_overhead is None else profile.contraction_overhead
+    return Cost(seconds + overhead, flops, moved, 1)
+
+
+def _gather(node: _Node, profile: Profile) -> Cost:
+    """Reads the rows it returns and the indices, writes them: the table stays put."""
+    moved = 2 * node.out_bytes + (value_bytes(node.in_shapes[-1], node.dtype) if node.in_shapes else 0)
+    return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
+
+
+def _window(node: _Node, profile: Profile) -> Cost:
+    """A pool: one pass over its input and output, a compare or add per window element; or measured."""
+    assert node.out_shape is not None
+    moved = node.in_bytes + node.out_bytes
+    flops = float(prod(node.out_shape) * prod(node.attrs[0]))
+    measured = _timed(profile, node)
+    if measured is not None:
+        return Cost(measured, flops, moved, 1, measured=1)
+    return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, flops, moved, 1)
+
+
+def _one_pass(node: _Node, profile: Profile) -> Cost:
+    """A primitive the table does not model: one pass over its data, one kernel."""
+    moved = node.in_bytes + node.out_bytes
+    return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
+
+
+PRICES: dict[CostClass, Callable[[_Node, Profile], Cost]] = {
+    CostClass.SOURCE: _free,
+    CostClass.BITCAST: _free,
+    CostClass.ELEMENTWISE: _fused_pass,
+    CostClass.CONTRACTION: _contraction,
+    CostClass.GATHER: _gather,
+    CostClass.WINDOW: _window,
+    CostClass.OPAQUE: _one_pass,
+}
 
 
 def node_cost(
@@ -135,49 +210,18 @@ def node_cost(
     attrs: tuple = (),
 ) -> Cost:
     """The predicted cost of one node; in_shapes are its tensor inputs' shapes, attrs its attributes."""
-    out_bytes = value_bytes(out_shape, dtype)
     in_bytes = sum(value_bytes(s, dtype) for s in in_shapes)
-    cost_class = class_of(op)
-    if cost_class in ("source", "bitcast"):
-        return Cost()
-    if cost_class == "elementwise":
-        kernels = 0 if profile.fuses_elementwise else 1
-        seconds = out_bytes / profile.bandwidth_for(out_bytes) + kernels * profile.launch_overhead
-        return Cost(seconds, float(prod(out_shape or ())), out_bytes, kernels)
-    if cost_class in ("contraction", "conv"):
-        assert out_shape is not None and in_shapes[0] is not None
-        flops = float(contraction_flops(op, in_shapes, out_shape))
-        moved = in_bytes + out_bytes
-        measured = _timed(profile, op, attrs, in_shapes, dtype)
-        if measured is not None:
-            return Cost(measured, flops, moved, 1, measured=1)
-        peak = profile.flops_per_second(dtype or "float32", conv=op == "Conv" or cost_class == "conv")
-        seconds = max(flops / peak, moved / profile.bandwidth_for(moved))
-        seconds += _epilogue_passes(op, attrs, profile) * out_bytes / profile.bandwidth_for(out_bytes)
-        overhead = profile.launch_overhead if profile.contraction_overhead is None else profile.contraction_overhead
-        return Cost(seconds + overhead, flops, moved, 1)
-    if cost_class == "gather":  # reads the rows it returns and the indices, writes them: the table stays put
-        moved = 2 * out_bytes + (value_bytes(in_shapes[-1], dtype) if in_shapes else 0)
-        return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
-    if cost_class == "window":  # a pool: one pass over its input and output, a compare or add per window element
-        assert out_shape is not None
-        moved = in_bytes + out_bytes
-        measured = _timed(profile, op, attrs, in_shapes, dtype)
-        flops = float(prod(out_shape) * prod(attrs[0]))
-        if measured is not None:
-            return Cost(measured, flops, moved, 1, measured=1)
-        return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, flops, moved, 1)
-    # opaque primitives: one pass over their data, one kernel
-    moved = in_bytes + out_bytes
-    return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
+    node = _Node(op, attrs, in_shapes, out_shape, dtype, in_bytes, value_bytes(out_shape, dtype))
+    return PRICES[class_of(op)](node, profile)
 
 
-def _timed(profile: Profile, op: str, attrs: tuple, in_shapes: list[Shape | None], dtype: str | None) -> float | None:
+def _timed(profile: Profile, node: _Node) -> float | None:
     """The node's seconds from the timing cache attached to the profile, if it was measured. An alternative
     implementation pays the profile's switch_margin on top: a kernel measured alone, a few runs on a shared
     machine, must beat the one it replaces clearly to be trusted in context."""
-    seconds = profile.timings.get(node_key(op, attrs, in_shapes, dtype)) if profile.timings else None
-    if seconds is not None and op in OPS and OPS[op].alternative:
+    key = node_key(node.op, node.attrs, node.in_shapes, node.dtype)
+    seconds = profile.timings.get(key) if profile.timings else None
+    if seconds is not None and OPS[node.op].alternative:
         seconds *= profile.switch_margin
     return seconds
 

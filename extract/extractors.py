@@ -1,4 +1,4 @@
-"""Extraction front end: greedy DAG, exact ILP or both ("auto"), and the DAG cost every extractor is judged by."""
+"""Extraction front end: greedy DAG, exact ILP or both ("auto")."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
+from eqsat.extract.dag import dag_cost, reachable
 from eqsat.extract.greedy import greedy_dag
 
 if TYPE_CHECKING:  # importing eqsat at run time would pull in jax and import extract.plan back
@@ -153,36 +154,6 @@ def share(
     return dag.choice
 
 
-def reachable(nodes: list[ENode], choice: dict[str, int], roots: list[str]) -> list[str]:
-    """The e-classes the choice reaches from the roots, children before parents; ValueError if it has no choice
-    for one of them or if it is cyclic."""
-    order: list[str] = []
-    state: dict[str, bool] = {}  # False while on the DFS path, True once finished
-    for root in roots:
-        stack: list[tuple[str, bool]] = [(root, False)]
-        while stack:
-            eclass, expanded = stack.pop()
-            if expanded:
-                state[eclass] = True
-                order.append(eclass)
-                continue
-            if eclass in state:
-                if not state[eclass]:
-                    raise ValueError(f"the choice is cyclic through e-class {eclass}")
-                continue
-            if eclass not in choice:
-                raise ValueError(f"no node chosen for reachable e-class {eclass}")
-            state[eclass] = False
-            stack.append((eclass, True))
-            stack.extend((c, False) for c in nodes[choice[eclass]].children if not state.get(c, False))
-    return order
-
-
-def dag_cost(nodes: list[ENode], costs: list[float], choice: dict[str, int], roots: list[str]) -> float:
-    """The sum of the chosen nodes' costs over the e-classes reachable from the roots, each counted once."""
-    return math.fsum(costs[choice[c]] for c in reachable(nodes, choice, roots))
-
-
 def extract(
     nodes: list[ENode],
     costs: list[float],
@@ -215,7 +186,7 @@ def extract(
         report["shared_cost"] = dag_cost(nodes, costs, choice, roots)
         report["method"] = "greedy+share" if report["shared_cost"] < report["greedy_cost"] else "greedy"
     if method == "ilp" or (method == "auto" and len(nodes) <= AUTO_ILP_MAX_NODES):
-        from eqsat.extract.ilp import ilp_extract  # only here: it imports scipy (0.5 s) and dag_cost from this module
+        from eqsat.extract.ilp import ilp_extract  # only here: it imports scipy (0.5 s)
 
         start = time.perf_counter()
         ilp_choice, ilp_cost, report["optimal"] = ilp_extract(nodes, costs, roots, time_limit, warm_start=choice)

@@ -16,7 +16,8 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array
 
-from eqsat.extract.extractors import dag_cost, reachable
+from eqsat import graph_walk
+from eqsat.extract.dag import dag_cost, reachable
 
 if TYPE_CHECKING:
     from eqsat.saturate import ENode
@@ -141,17 +142,8 @@ def _prune(nodes: list[ENode], costs: list[float], roots: list[str]) -> list[int
     for i, node in enumerate(nodes):
         if usable[i] and all(c in extractable for c in node.children):
             by_class.setdefault(node.eclass, []).append(i)
-    seen = set(roots)
-    stack = list(seen)
-    candidates: list[int] = []
-    while stack:
-        for i in by_class[stack.pop()]:
-            candidates.append(i)
-            for c in nodes[i].children:
-                if c not in seen:
-                    seen.add(c)
-                    stack.append(c)
-    return sorted(candidates)
+    classes = graph_walk.reachable(roots, lambda eclass: [c for i in by_class[eclass] for c in nodes[i].children])
+    return sorted(i for eclass in classes for i in by_class[eclass])
 
 
 def _cyclic_components(nodes: list[ENode], candidates: list[int], cid: dict[str, int]) -> dict[int, tuple[int, int]]:

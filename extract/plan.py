@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from eqsat import guard
 from eqsat.extract.cost import Cost, Profile, node_cost, value_bytes
+from eqsat.extract.dag import reachable
 from eqsat.extract.extractors import extract
 from eqsat.extract.timing import measurable
 from eqsat.ir import Graph, Shape
@@ -150,20 +151,22 @@ def build_plan(
     costs, roots, baseline = extraction_problem(graph, snapshot, profile, free, forbid, memory_weight)
     method = extractor
     kept = set(_original_keys(graph, snapshot))
+    bans = 0  # the shape rules agree with the lowerings (tests/test_shapes.py): expected to stay 0
     for _ in range(20):
         choice, report = extract(nodes, costs, roots, method, time_limit, baseline, profile.min_gain)
         method = "greedy" if extractor == "auto" else extractor  # after a ban, the ILP has had its turn
-        order = _topological(nodes, choice, roots)
+        order = [choice[c] for c in reachable(nodes, choice, roots)]
         # nodes of the captured program are typed by jax already: only rewritten ones need checking
         banned = [i for i in order if _key(nodes[i]) not in kept and not _typechecks(nodes[i], snapshot)]
         if not banned:
             break
+        bans += len(banned)
         for i in banned:
             costs[i] = math.inf
     else:
         raise RuntimeError("extraction kept choosing ill-typed nodes")
     plan = _assemble(graph, snapshot, profile, weight, free, choice, order, kept)
-    plan.extraction = {k: v for k, v in report.items() if v is not None}
+    plan.extraction = {k: v for k, v in report.items() if v is not None} | {"typecheck_bans": bans}
     return plan
 
 
@@ -197,7 +200,7 @@ def extraction_problem(
 def original_cost(graph: Graph, profile: Profile) -> Cost:
     """The cost of the program as captured, over the nodes its results need (dead code is free in XLA too)."""
     total = Cost()
-    for i in sorted(reachable(graph)):
+    for i in sorted(graph.live()):
         node = graph.nodes[i]
         in_shapes = [graph.nodes[i].shape for i in node.inputs]
         total += node_cost(node.op, in_shapes, node.shape, node.dtype, profile, node.attrs)
@@ -217,30 +220,13 @@ def _cost(node: ENode, snapshot: Snapshot, profile: Profile) -> float:
 
 
 def _typechecks(node: ENode, snapshot: Snapshot) -> bool:
-    if node.op not in OPS or node.op == "Var":
+    if OPS[node.op].structural:
         return True
     avals = tuple((snapshot.shape[c], snapshot.dtype[c]) for c in node.children)
     return infer(node.op, tuple(node.attrs), avals) == (
         snapshot.shape[node.eclass],
         snapshot.dtype[node.eclass],
     )
-
-
-def _topological(nodes: list[ENode], choice: dict[str, int], roots: list[str]) -> list[int]:
-    order: list[int] = []
-    seen: set[str] = set()
-    stack: list[tuple[str, bool]] = [(r, False) for r in reversed(roots)]
-    while stack:
-        eclass, expanded = stack.pop()
-        if expanded:
-            order.append(choice[eclass])
-            continue
-        if eclass in seen:
-            continue
-        seen.add(eclass)
-        stack.append((eclass, True))
-        stack.extend((c, False) for c in reversed(nodes[choice[eclass]].children) if c not in seen)
-    return order
 
 
 def _weight_nodes(snapshot: Snapshot, params: frozenset[str]) -> list[bool]:
@@ -323,7 +309,7 @@ def _assemble(
         original=original_cost(graph, profile),
         stop_reason=snapshot.stop_reason,
         stats={
-            "original_nodes": len(reachable(graph)),
+            "original_nodes": len(graph.live()),
             "bodies_rewritten": graph.bodies_rewritten,
             "iterations": snapshot.iterations,
             "enodes": len(nodes),
@@ -332,18 +318,6 @@ def _assemble(
         rules_fired={name: count for name, count in snapshot.rule_matches.items() if count},
         graph=graph,
     )
-
-
-def reachable(graph: Graph) -> set[int]:
-    """The nodes the program's outputs and effects depend on (capture can leave dead ones behind)."""
-    seen: set[int] = set()
-    stack = graph.roots()
-    while stack:
-        i = stack.pop()
-        if i not in seen:
-            seen.add(i)
-            stack.extend(graph.nodes[i].inputs)
-    return seen
 
 
 def _original_choice(graph: Graph, snapshot: Snapshot) -> dict[str, int]:

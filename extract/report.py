@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from eqsat.extract.cost import Cost
-from eqsat.extract.plan import Plan, PlanNode, reachable
+from eqsat.extract.plan import Plan, PlanNode
 from eqsat.ir import Graph, Node, Opaque, Shape
 
 FORMAT = "eqsat-plan"
@@ -266,7 +266,7 @@ def _original_program(plan: Plan) -> _Program:
     if graph is None:
         raise ValueError("this plan has no record of its original program (plan.graph is None and it was not loaded)")
     # only what the program computes: capture leaves dead nodes behind (the steps of a folded broadcast chain)
-    live = sorted(reachable(graph))
+    live = sorted(graph.live())
     index = {old: new for new, old in enumerate(live)}
     nodes = [
         _Node(n.op, _op_name(n.op, n.attrs, graph), n.attrs, tuple(index[j] for j in n.inputs), n.shape, n.dtype)
@@ -779,7 +779,7 @@ def to_html(plan: Plan, path: str | Path) -> Path:
         '<span style="background:#e8eef7">input / constant</span>'
         '<span style="border-width:2.5px;border-color:#1f3b73">output</span> hover a box for its cost</p>',
         '<div class="graphs">',
-        _panel(f"original ({len(reachable(graph)) if graph is not None else '?'} nodes)", original_svg),
+        _panel(f"original ({len(graph.live()) if graph is not None else '?'} nodes)", original_svg),
         _panel(f"plan ({len(plan.nodes)} nodes, {summary['rewritten nodes']} rewritten)", to_svg(plan, "plan")),
         "</div>",
         "<h2>Per-node cost</h2>",

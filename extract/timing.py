@@ -23,7 +23,8 @@ import numpy as np
 from eqsat import progress
 from eqsat.extract.cost import Profile, cache_dir, node_key
 from eqsat.measure import median_time
-from eqsat.ops import OPS
+from eqsat.ops import OPS, CostClass
+from eqsat.sample import example_array
 from eqsat.saturate import Snapshot
 
 FORMAT = 1
@@ -44,7 +45,7 @@ def versions() -> str:
 def measurable(op: str) -> bool:
     """Contraction-, gather- and window-class ops (GEMMs, convs, pools and their alternatives): the kernels whose
     speed the roofline misses."""
-    return op in OPS and OPS[op].cost_class in ("contraction", "gather", "window")
+    return op in OPS and OPS[op].cost_class in (CostClass.CONTRACTION, CostClass.GATHER, CostClass.WINDOW)
 
 
 @dataclass
@@ -150,10 +151,7 @@ def measure_one(wanted: Wanted) -> float | None:
     rng = np.random.default_rng(0)
     with jax.ensure_compile_time_eval():  # planning may run inside the caller's jax.jit trace: run, do not trace
         args = tuple(
-            jax.numpy.asarray(
-                rng.integers(0, 2, s).astype(d) if np.issubdtype(d, np.integer) else rng.standard_normal(s).astype(d)
-            )
-            for s, d in zip(wanted.in_shapes, wanted.in_dtypes, strict=True)
+            jax.numpy.asarray(example_array(s, d, rng)) for s, d in zip(wanted.in_shapes, wanted.in_dtypes, strict=True)
         )
         fn = jax.jit(lambda *xs: spec.lower(wanted.attrs, *xs))
         seconds = median_time(fn, args, 0.0, 3, 0.002)  # kernel choices differ by integer factors: 3 runs tell

@@ -9,21 +9,21 @@ import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 os.environ["EQSAT_GUARD_SECONDS"] = "0"  # what is checked here is sharding, not speed
 
-import json  # noqa: E402
-import sys  # noqa: E402
-import warnings  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
+import json
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax import shard_map  # noqa: E402
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import shard_map
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import eqsat  # noqa: E402
-from eqsat.sharding import collectives  # noqa: E402
+import eqsat
+from eqsat.sharding import collectives
 
 RNG = np.random.default_rng(0)
 

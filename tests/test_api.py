@@ -374,9 +374,9 @@ def test_naive_softmax_and_logsumexp_become_stable():
 
 
 def test_validation_rejects_new_infinities_and_accepts_removed_ones():
-    from eqsat.api import _mismatch
+    from eqsat.tolerance import mismatch
 
     finite, overflowed = [np.array([1.0, 2.0], np.float32)], [np.array([1.0, np.inf], np.float32)]
-    assert _mismatch(finite, overflowed) is not None
-    assert _mismatch(overflowed, finite) is None
-    assert _mismatch([np.array([np.nan], np.float32)], [np.array([np.nan], np.float32)]) is None
+    assert mismatch(finite, overflowed) is not None
+    assert mismatch(overflowed, finite) is None
+    assert mismatch([np.array([np.nan], np.float32)], [np.array([np.nan], np.float32)]) is None

@@ -4,6 +4,7 @@ import jax
 import numpy as np
 import pytest
 
+import eqsat
 from benches.models.registry import MODELS
 from eqsat.workload import Workload
 
@@ -99,3 +100,12 @@ def test_markdown_tables_of_a_run():
     text = markdown([row])
     assert "| m | 3 | 7 | 0.12 | 1.50x | **1.25x** [1.20-1.30] | 2.0 | 1.0 -> 2.0 | Concat 1, Dot 2 |" in text
     assert "| m | contraction 1.20, elementwise 0.10 | 1.60 | 0.81 |" in text
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_plans_need_no_typecheck_bans(name: str):
+    # the shape rules accept what the lowerings accept (tests/test_shapes.py), so extraction never picks a node
+    # that its type check must ban
+    w = MODELS[name]("small")
+    plan = eqsat.optimize(w.fn, params_argnums=w.params_argnums).plan(*w.args)
+    assert plan.fallback is None and plan.extraction["typecheck_bans"] == 0

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eqsat.extract.extractors import dag_cost, extract, reachable
+from eqsat.extract.dag import dag_cost, reachable
+from eqsat.extract.extractors import extract
 from eqsat.extract.greedy import greedy_dag
 from eqsat.extract.ilp import ilp_extract
 from eqsat.saturate import ENode

@@ -123,7 +123,7 @@ def _residual_mlp(layers: int = 8, batch: int = 256, width: int = 32):
 def _check_budget(fn, args, loss, fraction: float = 0.7) -> M.BudgetReport:
     unconstrained = M.xla_figure(fn, args)
     budget = int(fraction * unconstrained["total"])
-    fn2, report = M.fit_budget(fn, args, budget, loss=loss)
+    fn2, report = eqsat.fit_budget(fn, args, budget, loss=loss)
     assert report.fits, report.tried
     assert report.unconstrained == unconstrained
     assert report.achieved["total"] <= budget

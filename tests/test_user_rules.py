@@ -57,28 +57,28 @@ def test_a_wrong_element_beside_large_ones_is_caught():
 
 
 def test_tolerance_is_per_element_with_a_small_share_of_the_scale():
-    from eqsat.api import _mismatch
+    from eqsat.tolerance import mismatch
 
     want = np.array([1e4, 3.0, 1e-3], np.float32)
-    assert _mismatch([want], [want * np.float32(1 + 1e-3)]) is None  # within rtol of each element
-    assert _mismatch([want], [want + np.float32(0.05)]) is None  # within 1e-5 of the scale: a rounding of 1e4
+    assert mismatch([want], [want * np.float32(1 + 1e-3)]) is None  # within rtol of each element
+    assert mismatch([want], [want + np.float32(0.05)]) is None  # within 1e-5 of the scale: a rounding of 1e4
     for values in (want, np.array([1.0, 3.0, 1e-3], np.float32)):  # 3x off: caught above 1e-4 of the scale
         for k in range(3) if values[0] == 1.0 else (0, 1):
             wrong = values.copy()
             wrong[k] *= 3
-            assert _mismatch([values], [wrong]) is not None
-    assert _mismatch([want], [want + np.float32(0.5)]) is not None  # 5e-5 of the scale: more than rounding
+            assert mismatch([values], [wrong]) is not None
+    assert mismatch([want], [want + np.float32(0.5)]) is not None  # 5e-5 of the scale: more than rounding
 
 
 def test_inf_and_nan_outputs_compare_without_numpy_warnings():
-    from eqsat.api import _mismatch
+    from eqsat.tolerance import mismatch
 
     want = np.array([np.inf, -np.inf, np.nan, 1.0], np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert _mismatch([want], [want.copy()]) is None
-        assert _mismatch([want], [np.array([np.inf, -np.inf, np.nan, 4.0], np.float32)]) is not None
-        assert _mismatch([want], [np.array([1.0, 2.0, 3.0, 1.0], np.float32)]) is None  # overflow removed
+        assert mismatch([want], [want.copy()]) is None
+        assert mismatch([want], [np.array([np.inf, -np.inf, np.nan, 4.0], np.float32)]) is not None
+        assert mismatch([want], [np.array([1.0, 2.0, 3.0, 1.0], np.float32)]) is None  # overflow removed
 
 
 def test_the_unsound_user_rule_is_named_with_file_and_line(tmp_path):
@@ -103,7 +103,7 @@ def test_a_rule_string_without_a_name_is_named_by_its_text():
 
 
 def test_validation_allows_what_the_original_leaves_undetermined_and_no_more():
-    from eqsat.api import _beyond_conditioning, _mismatch
+    from eqsat.tolerance import beyond_conditioning, mismatch
 
     a, v = jnp.linspace(-1, 1, 32 * 32).reshape(32, 32), jnp.linspace(0, 1, 32 * 4).reshape(32, 4)
     original = jax.jit(lambda a, v: [jnp.tanh((a @ a) @ v)])
@@ -111,9 +111,9 @@ def test_validation_allows_what_the_original_leaves_undetermined_and_no_more():
     # a sum whose terms cancel, squashed: the element near zero moves by its terms' rounding (2.6e-5), far more
     # than rtol of tanh's scale (1) allows
     reassociated = [np.asarray(jnp.tanh(a @ (a @ v)))]
-    assert _mismatch(want, reassociated) is not None  # beyond the per-element tolerance alone
-    assert _beyond_conditioning(original, [a, v], want, reassociated) is None
+    assert mismatch(want, reassociated) is not None  # beyond the per-element tolerance alone
+    assert beyond_conditioning(original, [a, v], want, reassociated) is None
     wrong = [want[0].copy()]
     i = np.unravel_index(np.argmax(np.abs(want[0])), want[0].shape)
     wrong[0][i] *= 3  # a well-determined element 3x off
-    assert _beyond_conditioning(original, [a, v], want, wrong) is not None
+    assert beyond_conditioning(original, [a, v], want, wrong) is not None

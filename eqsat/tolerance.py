@@ -1,0 +1,164 @@
+"""The one tolerance model: how far an optimized result may be from the original's and still count as equal.
+
+Two uses, two scales. Validation (eqsat/api.py, memory budgets) compares whole programs' results: an element may
+differ by VALIDATION_RTOL of its own magnitude plus a small share of the result's scale, and by what the original's
+own sensitivity leaves undetermined (beyond_conditioning). Rule checking (eqsat/egraph_check.py, `rules check`)
+compares one e-node with its e-class, far more tightly (rule_tolerance).
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# relative tolerance per dtype kind: float32 re-association changes rounding by about this much
+VALIDATION_RTOL = {"float64": 1e-7, "float32": 2e-3, "float16": 5e-2, "bfloat16": 5e-2}
+# the share of a result's largest magnitude added to each element's own (see differs): 1e-5 of the scale for
+# float32, about 10x what re-associating sums of 4,096 to 16,384 terms measured, 200x below the old bound
+_SCALE_SHARE = 5e-3
+
+
+def comparable(values: list[Any]) -> list[np.ndarray]:
+    """Results as arrays mismatch compares: a key as its data, a complex array as its real and imaginary
+    parts (a float array, so that it gets its float tolerance), a token as nothing."""
+    out = []
+    for value in values:
+        if isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+            value = jax.random.key_data(value)
+        elif not hasattr(value, "dtype"):  # a token
+            value = np.zeros(0)
+        value = np.asarray(value)
+        out.append(np.stack([value.real, value.imag]) if np.iscomplexobj(value) else value)
+    return out
+
+
+def mismatch(expected: list[Any], got: list[Any]) -> str | None:
+    """None if every result agrees within the dtype's tolerance, else what differed (the first that did)."""
+    return next(filter(None, map(differs, range(len(expected)), expected, got)), None)
+
+
+def beyond_conditioning(
+    original: Callable[..., list[Any]], flat: list[Any], expected: list[Any], got: list[Any]
+) -> tuple[int, str] | None:
+    """The first result that differs by more than the original's own sensitivity allows, with what differed.
+
+    An element that sums terms which cancel is not determined by the original to better than those terms'
+    rounding, which re-association changes: the original is run on its float inputs perturbed by a few ulps, and
+    an element may differ by CONDITIONING times as much as the original's own result moved."""
+    rng = np.random.default_rng(0)
+    moved: list[np.ndarray | None] = [None] * len(expected)
+    for _ in range(2):
+        perturbed = [_perturbed(x, rng) for x in flat]
+        try:
+            values = comparable(original(*perturbed))
+        except Exception:  # an input the program reads exactly (a table index as float): no sensitivity known
+            break
+        for k, value in enumerate(values):
+            if np.asarray(value).dtype.name in VALIDATION_RTOL:
+                delta = np.abs(np.asarray(value, np.float64) - np.asarray(expected[k], np.float64))
+                moved[k] = delta if moved[k] is None else np.maximum(moved[k], delta)
+    for k, (want, have) in enumerate(zip(expected, got, strict=True)):
+        spread = None if moved[k] is None else _CONDITIONING * np.nan_to_num(moved[k], nan=0.0, posinf=0.0)
+        problem = differs(k, want, have, spread)
+        if problem:
+            return k, problem
+    return None
+
+
+# How many times the original's own movement under a few-ulp perturbation of its inputs an element may move. The
+# perturbation enters once, at the inputs; a deep program rounds again at every layer, so its re-associated
+# results move further: 22x measured on a MobileNetV2 training step's vanishing weight gradients (max 2.5e-13).
+_CONDITIONING = 32.0
+_PERTURBATION_ULPS = 4
+
+
+def _perturbed(x: Any, rng: np.random.Generator) -> Any:
+    """A float input with each element moved by a few ulps (sign at random); other inputs as they are."""
+    array = np.asarray(x) if hasattr(x, "dtype") else x
+    if not hasattr(array, "dtype") or array.dtype.name not in VALIDATION_RTOL:
+        return x
+    eps = float(jax.numpy.finfo(array.dtype).eps)
+    signs = rng.choice(np.array([-1.0, 1.0]), array.shape)
+    return (array.astype(np.float64) * (1 + _PERTURBATION_ULPS * eps * signs)).astype(array.dtype)
+
+
+def differs(k: int, want: Any, have: Any, spread: np.ndarray | None = None) -> str | None:
+    """What is wrong with result k, or None. Each element must be within rtol of its own magnitude plus a small
+    share of the result's scale: re-association changes an element by a few roundings of the largest terms it sums
+    (about 1e-6 of the scale for float32 sums of 4,096 terms), which an element near zero cannot absorb itself."""
+    want, have = np.asarray(want), np.asarray(have)
+    if want.shape != have.shape or want.dtype != have.dtype:
+        return f"result {k}: {have.shape} {have.dtype} instead of {want.shape} {want.dtype}"
+    rtol = VALIDATION_RTOL.get(want.dtype.name)
+    if rtol is None:
+        return None if np.array_equal(want, have) else f"result {k}: {np.sum(want != have)} elements differ"
+    w, h = want.astype(np.float64), have.astype(np.float64)
+    # Where the original overflowed (inf or NaN) a finite result is accepted: the stable forms do this on
+    # purpose. The reverse, an inf or NaN the original did not produce, is a mismatch.
+    if np.any(~np.isfinite(h) & ~((h == w) | (np.isnan(h) & np.isnan(w)))):
+        return f"result {k}: inf or NaN where the original has a different value"
+    finite = np.isfinite(w) & np.isfinite(h)
+    w, h = w[finite], h[finite]  # only finite values are subtracted: no numpy warnings leak
+    scale = float(np.max(np.abs(w), initial=0.0))
+    allowed = rtol * (np.abs(w) + _SCALE_SHARE * scale)
+    if spread is not None:  # what the original's own sensitivity leaves undetermined (beyond_conditioning)
+        allowed = allowed + np.broadcast_to(spread, finite.shape)[finite]
+    bad = np.abs(w - h) > allowed
+    if not np.any(bad):
+        return None
+    i = int(np.argmax(np.abs(w - h) - allowed))
+    return (
+        f"result {k}: {int(bad.sum())} of {w.size} elements differ, e.g. {h[i]:.6g} instead of {w[i]:.6g} "
+        f"(allowed {rtol:g} x (|value| + {_SCALE_SHARE:g} x max |value| {scale:.3g}))"
+    )
+
+
+# Largest error allowed for rules marked `; @real`, relative to the largest magnitude a node combines (see
+# `rule_tolerance`). Ints: exact.
+RULE_RTOL = {
+    "float64": 1e-10,
+    "float32": 1e-4,
+    "float16": 1e-2,
+    "bfloat16": 5e-2,
+    "complex64": 1e-4,
+    "complex128": 1e-10,
+}
+_ROUNDINGS = 8  # rounding errors allowed per element of the longest reduction, for rules sound in floating point
+
+
+def rule_tolerance(dtype: np.dtype, scale: float, real: bool, reduction: int = 1) -> float:
+    """The absolute error allowed for a value of this dtype whose computation involves magnitudes up to `scale`.
+
+    Rules sound in floating point (layout, concat/slice, merges, batching) compute each element with the same
+    operations; at most a contraction sums its terms in another order (a merged GEMM's kernel blocks differently),
+    so they get _ROUNDINGS roundings per element of the longest reduction in the program (8 * eps * scale for
+    programs without contractions, about 100x tighter than float32's real-number rule_tolerance), capped at that
+    rule_tolerance. The rules marked real (re-association, distributivity) change the
+    rounding of the whole chain a node re-associates: at most about K*eps*scale for a length-K sum,
+    ~sqrt(K)*eps*scale in practice; with chains of contractions of length <= 8^3 (dims 1-8) and float32's eps of
+    6e-8 that stays under 3e-5*scale, so 1e-4 (RULE_RTOL) keeps margin, while an unsound rewrite (a swapped operand, a
+    dropped op) is off by a sizable fraction of the scale. Integers and booleans must agree exactly.
+    """
+    kind = np.dtype(dtype)
+    if not jnp.issubdtype(kind, jnp.inexact):  # jnp's: it knows bfloat16 is a float
+        return 0.0
+    real_tolerance = RULE_RTOL.get(kind.name, 1e-4) * scale
+    if real:
+        return real_tolerance
+    return min(_ROUNDINGS * max(reduction, 1) * float(jnp.finfo(kind).eps) * scale, real_tolerance)
+
+
+def difference(want: Any, got: Any, allowed: float) -> tuple[float, float] | None:
+    """(error, allowed) if `got` disagrees with `want`, else None; shapes and dtypes already match."""
+    w, g = np.asarray(want), np.asarray(got)
+    if allowed == 0.0:
+        return None if np.array_equal(w, g) else (float(np.max(np.abs(w.astype(float) - g.astype(float)))), 0.0)
+    wide = np.complex128 if np.iscomplexobj(w) else np.float64
+    w, g = w.astype(wide), g.astype(wide)
+    finite = np.isfinite(w) & np.isfinite(g)
+    if not np.array_equal(w[~finite], g[~finite], equal_nan=True) or not np.array_equal(np.isfinite(w), np.isfinite(g)):
+        return float("inf"), allowed
+    error = float(np.max(np.abs(w - g)[finite], initial=0.0))
+    return (error, allowed) if error > allowed else None

@@ -1,0 +1,138 @@
+"""The package's shape: one installed top-level package, every module importable on its own, and imports that only
+go down the pipeline's layers, without cycles."""
+
+import ast
+import importlib
+import os
+import pkgutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+# bottom to top: a module may import from its own layer and the ones below it, never from above
+LAYERS: list[tuple[str, set[str]]] = [
+    ("ir and op table", {
+        "eqsat", "eqsat.errors", "eqsat.graph_walk", "eqsat.ir", "eqsat.measure", "eqsat.ops", "eqsat.progress",
+        "eqsat.sample", "eqsat.tolerance", "eqsat.workload", "eqsat.guard",
+    }),
+    ("capture", {"eqsat.capture", "eqsat.encode"}),
+    ("e-graph", {"eqsat.rule_sources", "eqsat.saturate", "eqsat.egraph_check"}),
+    ("extraction", {
+        "eqsat.extract", "eqsat.extract.cost", "eqsat.extract.dag", "eqsat.extract.extractors",
+        "eqsat.extract.greedy", "eqsat.extract.ilp", "eqsat.extract.plan", "eqsat.extract.timing",
+    }),
+    ("lowering", {"eqsat.backends", "eqsat.backends.lower"}),
+    ("memory", {"eqsat.backends.memory"}),
+    ("API", {"eqsat.api", "eqsat.plan_cache", "eqsat.sharding"}),
+    ("tools", {
+        "eqsat.__main__", "eqsat.cli", "eqsat.examples", "eqsat.extract.calibrate", "eqsat.extract.report",
+        "eqsat.gen_algebra", "eqsat.gen_conv", "eqsat.generators", "eqsat.program", "eqsat.verify", "eqsat.versus",
+        "eqsat.fuzz",
+    }),
+]  # fmt: skip
+LAYER = {module: depth for depth, (_, modules) in enumerate(LAYERS) for module in modules}
+PACKAGES = ("eqsat", "eqsat.extract", "eqsat.backends")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        path = importlib.import_module(package).__path__
+        found[package] = Path(path[0]) / "__init__.py"
+        for info in pkgutil.iter_modules(path):
+            if not info.ispkg:
+                found[f"{package}.{info.name}"] = Path(path[0]) / f"{info.name}.py"
+    return found
+
+
+MODULES = _modules()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _imports(path: Path) -> set[str]:
+    """The eqsat modules this file imports at run time, anywhere in it (imports only a type checker sees are not
+    run, so they are left out)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "eqsat":
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                found.add(name if name in MODULES else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "eqsat")
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return found
+
+
+GRAPH = {module: _imports(path) - {module} for module, path in MODULES.items()}
+
+
+def test_every_module_has_a_layer():
+    assert set(MODULES) == set(LAYER), "place new modules in LAYERS (and remove gone ones)"
+
+
+def test_imports_only_go_down():
+    upward = [
+        f"{module} ({LAYERS[LAYER[module]][0]}) imports {target} ({LAYERS[LAYER[target]][0]})"
+        for module, targets in GRAPH.items()
+        for target in targets
+        if LAYER[target] > LAYER[module]
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycle():
+    state: dict[str, bool] = {}  # False while on the path, True once finished
+
+    def visit(module: str, path: list[str]) -> None:
+        if state.get(module) is False:
+            pytest.fail("import cycle: " + " -> ".join([*path[path.index(module) :], module]))
+        if module in state:
+            return
+        state[module] = False
+        for target in sorted(GRAPH[module]):
+            visit(target, [*path, module])
+        state[module] = True
+
+    for module in sorted(GRAPH):
+        visit(module, [])
+
+
+def test_one_top_level_package_is_installed():
+    import eqsat.extract.cost
+
+    # the folders install inside eqsat, wherever they sit in the repository
+    assert eqsat.extract.cost.__name__ == "eqsat.extract.cost"
+    assert importlib.util.find_spec("eqsat.rules") is not None
+
+
+def test_every_module_imports_alone_in_a_fresh_interpreter(tmp_path):
+    # run outside the repository, so that its folders cannot be imported as top-level packages by accident
+    check = (
+        "import importlib, sys; importlib.import_module(sys.argv[1]); "
+        "leaked = sorted({m.split('.')[0] for m in sys.modules} & {'extract', 'backends', 'rules', 'benches'}); "
+        "sys.exit(f'imported top-level {leaked}' if leaked else 0)"
+    )
+    env = {**os.environ, "PYTHONPATH": ""}
+
+    def problem(module: str) -> str | None:
+        run = subprocess.run([sys.executable, "-c", check, module], cwd=tmp_path, env=env, capture_output=True)
+        return run.stderr.decode().strip().splitlines()[-1] if run.returncode else None
+
+    with ThreadPoolExecutor(4) as pool:
+        failed = {m: p for m, p in zip(MODULES, pool.map(problem, MODULES), strict=True) if p}
+    assert not failed, failed
