@@ -96,6 +96,13 @@ class _Entry:
     mismatched: bool = False  # validation found the plan's results wrong: the original runs
 
 
+def _per_thread(name: str, doc: str) -> property:
+    """An attribute of the Optimized that is this thread's own (kept in its PerThread)."""
+    return property(
+        lambda self: getattr(self._pending, name), lambda self, value: setattr(self._pending, name, value), doc=doc
+    )
+
+
 class Optimized:
     """The callable optimize() returns: call it like the original (or like jax.jit(original): `.lower`, `.trace`,
     `.clear_cache`, jax.export); `.plan(*args)` shows what runs."""
@@ -374,23 +381,8 @@ class Optimized:
         flat, tree = jax.tree_util.tree_flatten(dynamic)
         return flat, _Signature(n, tree, tuple(_abstract(x) for x in flat), statics)
 
-    @property
-    def _unvalidated(self) -> list[_Entry]:
-        """The plans this thread's calls built or ran and have not validated yet."""
-        return self._pending.unvalidated
-
-    @_unvalidated.setter
-    def _unvalidated(self, entries: list[_Entry]) -> None:
-        self._pending.unvalidated = entries
-
-    @property
-    def _unbudgeted(self) -> list[_Entry]:
-        """The plans this thread built since its last budget check."""
-        return self._pending.unbudgeted
-
-    @_unbudgeted.setter
-    def _unbudgeted(self, entries: list[_Entry]) -> None:
-        self._pending.unbudgeted = entries
+    _unvalidated = _per_thread("unvalidated", "The plans this thread's calls built or ran and have not validated yet.")
+    _unbudgeted = _per_thread("unbudgeted", "The plans this thread built since its last budget check.")
 
     def _entry(self, signature: _Signature, prepared: bool = False) -> _Entry:
         """The entry of this signature and mode, built by one thread while the others that need it wait."""
