@@ -7,7 +7,7 @@ import pytest
 from jax import lax
 
 import eqsat
-from eqsat import fuzz
+from eqsat import fuzz, tolerance
 
 # chunks of one seed, so that pytest-xdist spreads them over the workers
 _CHUNK, _CHUNKS = 10, 6
@@ -51,3 +51,16 @@ def test_plan_called_in_a_scan_body_over_concrete_arguments() -> None:
     np.testing.assert_allclose(out, jnp.stack([chain(a, b, v)] * 2), rtol=2e-3, atol=1e-3)
     assert fast.plan(a, b, v).rewritten_ops() and fast.plan(a, b, v).fallback is None
     assert jax.tree_util.tree_leaves(fast(a, b, v))
+
+
+def test_low_precision_results_may_re_round_where_terms_cancel() -> None:
+    """Found by the fuzzer (seed 2026, case 692, before the generator table grew): x0 @ x1 + x2 @ x1 in bfloat16
+    re-associated under vmap gave -0.0029 where the original's terms cancelled to 0, on a result of scale 7.9; the
+    share of the scale allowed was a sixteenth of one bfloat16 rounding. A few roundings of the scale are allowed
+    now, and a wrong value is still refused."""
+    want = np.array([0.0, 7.88, -3.0], dtype=jnp.bfloat16)
+    assert tolerance.differs(0, want, np.array([-0.0029, 7.88, -3.0], dtype=jnp.bfloat16)) is None
+    assert tolerance.differs(0, want, np.array([0.5, 7.88, -3.0], dtype=jnp.bfloat16)) is not None
+    f32 = np.array([0.0, 7.88], dtype=np.float32)  # float32 keeps its bound: 1e-5 of the scale
+    assert tolerance.differs(0, f32, np.array([2e-5, 7.88], dtype=np.float32)) is None
+    assert tolerance.differs(0, f32, np.array([2e-4, 7.88], dtype=np.float32)) is not None
