@@ -7,7 +7,6 @@ import jax.numpy as jnp
 
 from eqsat.extract.plan import Plan
 from eqsat.graph_walk import reachable
-from eqsat.ops import OPS
 
 
 def lower(plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int] = ()) -> Callable[..., list[Any]]:
@@ -25,23 +24,15 @@ def lower(plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int]
 
     def run(*args: Any) -> list[Any]:
         values: dict[int, Any] = dict(zip(given, args[n_args:], strict=True))
+
+        def variable(name: str) -> Any:
+            # constants become arrays here, in the trace that uses them: made earlier, under another trace, they
+            # would be that trace's values and leak
+            return args[input_names[name]] if name in input_names else jnp.asarray(graph.consts[name])
+
         for i in needed:
             node = plan.nodes[i]
-            ins = [values[j] for j in node.inputs]
-            if node.op == "Var":
-                name = node.attrs[0]
-                # constants become arrays here, in the trace that uses them: made earlier, under another
-                # trace, they would be that trace's values and leak
-                values[i] = args[input_names[name]] if name in input_names else jnp.asarray(graph.consts[name])
-            elif node.op == "Op":
-                call = graph.opaque[node.attrs[0]]
-                # as jax.core.eval_jaxpr binds an equation: shard_map's bind takes its parameters in another form
-                # than its equation holds them
-                values[i] = call.primitive.bind(*ins, **call.primitive.get_bind_params(call.params))
-            elif node.op == "Get":
-                values[i] = ins[0][node.attrs[0]]
-            else:
-                values[i] = OPS[node.op].lower(node.attrs, *ins)
+            values[i] = graph.apply(node.op, node.attrs, [values[j] for j in node.inputs], variable)
         return [values[i] for i in wanted]
 
     return run

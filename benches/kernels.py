@@ -4,6 +4,8 @@
     python -m benches.kernels                       # all cases (the keras ones need `pip install -e .[models]`)
     python -m benches.kernels --only onehot,MobileNetV2 --markdown rows.md
     python -m benches.kernels --only maxpool,sumpool,grouped56,grouped7,tinybatch   # DESIGN.md §2b's single ops
+    python -m benches.kernels --only transposed_gemv   # x @ W.T with W a declared parameter, timed prepared
+    python -m benches.kernels --only argmax   # argmax over the last axis of 64x32000 (a vocabulary's logits)
 
 Per case: the ratio (jax.jit time / eqsat time) with its interquartile range; jax.jit's first call; eqsat's first
 call with an empty timing cache and again with the cache warm (the plans forgotten and made again, as a later
@@ -27,6 +29,7 @@ import eqsat
 from benches.models import nasnet_a
 from benches.real_models import _keras_app
 from eqsat.measure import compare
+from eqsat.versus import against_jit
 from eqsat.workload import Workload
 
 KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "ConvNeXtTiny")
@@ -35,12 +38,21 @@ BARS = {"MobileNetV2": 6, "EfficientNetB0": 4, "MobileNetV3Small": 3, "NASNetMob
         "grouped7": 1, "tinybatch": 4}  # fmt: skip
 
 
-def _one_hot() -> Workload:
+def _one_hot(train: bool = False) -> Workload:
+    """one_hot(ids) @ table, vocabulary 32000, width 512, ids 4x128; with `train`, value_and_grad of a loss of it
+    with respect to the table (the gradient: one_hot(ids).T @ cotangent, a scatter-add)."""
     vocab, width = 32000, 512
     rng = np.random.default_rng(0)
     table = jnp.asarray(rng.standard_normal((vocab, width), np.float32))
     ids = jnp.asarray(rng.integers(0, vocab, (4, 128)), jnp.int32)
-    return Workload("onehot", lambda table, ids: jax.nn.one_hot(ids, vocab) @ table, (table, ids), (), "")
+
+    def embed(table: jax.Array, ids: jax.Array) -> jax.Array:
+        return jax.nn.one_hot(ids, vocab) @ table
+
+    if not train:
+        return Workload("onehot", embed, (table, ids), (), "")
+    step = jax.value_and_grad(lambda table, ids: jnp.mean(jnp.tanh(embed(table, ids)) ** 2))
+    return Workload("onehot_train", step, (table, ids), (), "training step")
 
 
 def _normal(*shape: int) -> jax.Array:
@@ -68,6 +80,11 @@ def _grouped(size: int, channels: int) -> Workload:
     )
 
 
+def _transposed_gemv() -> Workload:
+    """x @ W.T (a PyTorch-style layer), x 1x1024, W 4096x1024, the weight a declared parameter, prepared."""
+    return Workload("transposed_gemv", lambda w, x: x @ w.T, (_normal(4096, 1024), _normal(1, 1024)), (0,))
+
+
 SMALL = {  # DESIGN.md §2b's single ops
     "maxpool": lambda: _pool("max"),
     "sumpool": lambda: _pool("sum"),
@@ -76,6 +93,8 @@ SMALL = {  # DESIGN.md §2b's single ops
     "tinybatch": lambda: Workload(
         "tinybatch", lambda a, b: jnp.einsum("nij,njk->nik", a, b), (_normal(4096, 4, 4), _normal(4096, 4, 4))
     ),
+    "transposed_gemv": _transposed_gemv,
+    "argmax": lambda: Workload("argmax", lambda x: jnp.argmax(x, axis=-1), (_normal(64, 32000),)),
 }
 
 
@@ -92,8 +111,8 @@ def _train_step(app: str) -> Workload:
 
 
 def workload(name: str) -> Workload:
-    if name == "onehot":
-        return _one_hot()
+    if name in ("onehot", "onehot_train"):
+        return _one_hot(train=name == "onehot_train")
     if name in SMALL:
         return SMALL[name]()
     if name == "mobilenetv2_train":
@@ -101,6 +120,9 @@ def workload(name: str) -> Workload:
     if name == "nasnet_a":
         return nasnet_a.build("full")
     return _keras_app(name, name, batch=2)
+
+
+CASES = ("onehot", "onehot_train", "nasnet_a", *KERAS, "mobilenetv2_train")  # what a run without --only measures
 
 
 def _first_call(fn: Callable[..., Any], args: tuple) -> float:
@@ -123,7 +145,10 @@ def measure(name: str, seconds: float) -> dict[str, Any]:
         float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(a)), 1e-30))
         for a, b in zip(jax.tree.leaves(baseline(*work.args)), jax.tree.leaves(fast(*work.args)), strict=True)
     )
-    timing = compare(baseline, fast, work.args, seconds)
+    # a workload with parameters is timed as `prepare` runs it (the first calls above are plain ones)
+    timing = (
+        against_jit(work, seconds=seconds)[0] if work.params_argnums else compare(baseline, fast, work.args, seconds)
+    )
     return {
         "case": name,
         "ratio": timing.ratio,
@@ -142,6 +167,10 @@ def measure(name: str, seconds: float) -> dict[str, Any]:
     }
 
 
+def _bar(row: dict[str, Any]) -> str:
+    return f"{row['bar']}x" if row["bar"] else "-"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| case | jax.jit | eqsat | ratio (IQR) | bar | first call: jax.jit / eqsat cold / warm | kernels measured |"
@@ -151,7 +180,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lines.append(
             f"| {r['case']} | {r['jit_ms']:.1f} ms | {r['eqsat_ms']:.1f} ms | {r['ratio']:.2f}x "
-            f"({r['iqr'][0]:.2f}-{r['iqr'][1]:.2f}) | {r['bar']}x | {r['jit_first_s']:.1f} / "
+            f"({r['iqr'][0]:.2f}-{r['iqr'][1]:.2f}) | {_bar(r)} | {r['jit_first_s']:.1f} / "
             f"{r['eqsat_first_cold_s']:.1f} / {r['eqsat_first_warm_s']:.1f} s | {r['measured_kernels']} in "
             f"{r['measure_s']:.1f} s | {r['max_rel_diff']:.1e} |"
         )
@@ -160,9 +189,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benches.kernels", description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--only", help="comma-separated subset of onehot,nasnet_a,mobilenetv2_train," + ",".join((*KERAS, *SMALL))
-    )
+    parser.add_argument("--only", help="comma-separated subset of " + ",".join((*CASES, *SMALL)))
     parser.add_argument("--seconds", type=float, default=6.0, help="interleaved timing budget per case")
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--markdown", help="write the rows as a markdown table here")
@@ -170,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     # an empty timing cache, so the first call pays for measuring as a new user's would
     os.environ.setdefault("EQSAT_CACHE_DIR", tempfile.mkdtemp(prefix="eqsat-bench-cache-"))
     rows = []
-    for name in args.only.split(",") if args.only else ("onehot", "nasnet_a", *KERAS, "mobilenetv2_train"):
+    for name in args.only.split(",") if args.only else CASES:
         row = measure(name, args.seconds)
         rows.append(row)
         print(json.dumps(row), flush=True)

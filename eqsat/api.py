@@ -38,7 +38,7 @@ from eqsat.ir import Graph, Opaque
 from eqsat.measure import median_time
 from eqsat.plan_cache import PerThread, shared_plans
 from eqsat.sample import example_like
-from eqsat.saturate import Limits, saturate
+from eqsat.saturate import Limits, StopReason, saturate
 from eqsat.sharding import added_collectives, body_tracing, explicit_sharding, partitioned
 from eqsat.tolerance import beyond_conditioning, comparable, differs
 
@@ -477,13 +477,15 @@ class Optimized:
     def _original_entry(self, signature: _Signature, call: Callable[..., Any], out_tree: Any, why: str) -> _Entry:
         """An entry that runs the original, with a plan of no nodes that says why."""
         log.info("eqsat: %s; the original runs", why)
-        plan = Plan(self.profile.name, [], [], [], Cost(), Cost(), "not planned", fallback=why)
+        plan = Plan(self.profile.name, [], [], [], Cost(), Cost(), StopReason.NOT_PLANNED, fallback=why)
         return _Entry(signature, plan, call, call, out_tree, validated=True)
 
     def _nothing_to_gain(self, plan: Plan) -> bool:
         """The original program, node for node, or one that differs only in what XLA does itself or nearly as
-        well: duplicates shared, weight-only work hoisted, for a predicted gain below the profile's min_gain."""
-        if plan.unchanged:
+        well: duplicates shared, weight-only work hoisted, for a predicted gain below the profile's min_gain. The
+        original's own weight-only work (x @ W.T's transpose) counts as a gain when prepared: XLA:CPU runs a
+        matrix-vector product with a transposed weight several times slower than with the weight transposed once."""
+        if plan.unchanged and not any(node.weight for node in plan.nodes):
             return True
         rewritten = plan.rewritten_ops() or plan.stats.get("bodies_rewritten")
         return not rewritten and plan.predicted.seconds > plan.original.seconds * (1 - self.profile.min_gain)

@@ -5,6 +5,7 @@ primitives the op table models become IR ops; everything else becomes an opaque 
 with its original parameters, so no program jax can trace is refused.
 """
 
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,8 @@ def _model(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, t
         return None
     if name == "convert_element_type":
         return _model_one_hot(graph, eqn, inputs)
+    if name in ("argmax", "argmin"):
+        return _model_arg_reduce(graph, eqn, inputs)
     dtypes = {v.aval.dtype for v in (*eqn.invars, *eqn.outvars)}
     if len(dtypes) != 1 or dtypes == {np.dtype(bool)} or not isinstance(next(iter(dtypes)), np.dtype):
         return None
@@ -258,15 +261,15 @@ def _model_one_hot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tupl
     return "OneHot", (int(call.params["shape"][-1]), str(eqn.outvars[0].aval.dtype)), [ids]
 
 
+def _model_arg_reduce(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    """lax.argmax / lax.argmin along one axis as (ArgReduce "max"|"min" axis index_dtype x)."""
+    (axis,) = eqn.params["axes"]
+    kind = eqn.primitive.name.removeprefix("arg")
+    return "ArgReduce", (kind, int(axis), np.dtype(eqn.params["index_dtype"]).name), inputs
+
+
 def _model_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
     """dot_general in the forms that Dot / BatchDot express, with a matrix transpose of b where needed."""
-
-    def transposed(node: int) -> int:
-        src = graph.nodes[node]
-        assert src.shape is not None
-        shape = (*src.shape[:-2], src.shape[-1], src.shape[-2])
-        return graph.add(Node("MT", (node,), (), shape, src.dtype))
-
     params = eqn.params
     if params.get("precision") is not None:
         return None
@@ -277,8 +280,9 @@ def _model_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[st
         if tuple(cb) == (0,):
             return "Dot", (), [a, b]
         if rb == 2 and tuple(cb) == (1,):
-            return "Dot", (), [a, transposed(b)]
-        return None
+            return "Dot", (), [a, _transposed(graph, b)]
+    if not ba and not bb:
+        return _model_flat_dot(graph, eqn, inputs)
     nb = len(ba)
     batch = tuple(range(nb))
     if tuple(ba) != batch or tuple(bb) != batch or ra != nb + 2 or rb != nb + 2 or tuple(ca) != (nb + 1,):
@@ -286,8 +290,56 @@ def _model_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[st
     if tuple(cb) == (nb,):
         return "BatchDot", (), [a, b]
     if tuple(cb) == (nb + 1,):
-        return "BatchDot", (), [a, transposed(b)]
+        return "BatchDot", (), [a, _transposed(graph, b)]
     return None
+
+
+def _transposed(graph: Graph, node: int) -> int:
+    """The node with its last two axes swapped (MT)."""
+    src = graph.nodes[node]
+    assert src.shape is not None
+    shape = (*src.shape[:-2], src.shape[-1], src.shape[-2])
+    return graph.add(Node("MT", (node,), (), shape, src.dtype))
+
+
+def _model_flat_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]]:
+    """Any other dot_general without batch axes as a matrix product of the operands flattened to (free, contracted)
+    and (contracted, free) matrices, reshaped back. An embedding's gradient, one_hot(ids) contracted with the
+    cotangent over the leading (token) axes, becomes Dot(MT(Reshape(cotangent)), Reshape(one_hot)), which
+    rules/kernels.egg can see as a scatter-add."""
+    (ca, cb), _ = eqn.params["dimension_numbers"]
+    a, b = inputs
+    (sa, sb), out = (graph.nodes[i].shape for i in inputs), eqn.outvars[0].aval
+    assert sa is not None and sb is not None
+    free_a = [d for d in range(len(sa)) if d not in ca]
+    free_b = [d for d in range(len(sb)) if d not in cb]
+    k, m, n = (prod(s[d] for d in dims) for s, dims in ((sa, ca), (sa, free_a), (sb, free_b)))
+    if tuple(ca) == tuple(range(len(ca))):  # contracted axes leading, as in a weight gradient: flatten, then swap
+        left = _transposed(graph, _reshaped(graph, a, (k, m)))
+    else:
+        left = _reshaped(graph, _permuted(graph, a, (*free_a, *ca)), (m, k))
+    right = _reshaped(graph, _permuted(graph, b, (*cb, *free_b)), (k, n))
+    if tuple(out.shape) == (m, n):
+        return "Dot", (), [left, right]
+    product = graph.add(Node("Dot", (left, right), (), (m, n), str(out.dtype)))
+    return "Reshape", (tuple(int(d) for d in out.shape),), [product]
+
+
+def _permuted(graph: Graph, node: int, perm: tuple[int, ...]) -> int:
+    """The node's axes in this order (the node itself where that is its order)."""
+    src = graph.nodes[node]
+    assert src.shape is not None
+    if perm == tuple(range(len(perm))):
+        return node
+    return graph.add(Node("Transpose", (node,), (perm,), tuple(src.shape[p] for p in perm), src.dtype))
+
+
+def _reshaped(graph: Graph, node: int, shape: tuple[int, ...]) -> int:
+    """The node reshaped (itself where it has that shape already)."""
+    src = graph.nodes[node]
+    if src.shape == shape:
+        return node
+    return graph.add(Node("Reshape", (node,), (shape,), shape, src.dtype))
 
 
 def _body(params: dict[str, Any]) -> jcore.ClosedJaxpr | None:

@@ -62,18 +62,6 @@ def _magnitude(*values: Any) -> float:
     return scale
 
 
-def _apply(graph: Graph, env: dict[str, Any], op: str, attrs: tuple, args: list[Any]) -> Any:
-    """One node's value: the op table's lowering, or an opaque primitive re-bound, or a projection."""
-    if op == "Var":
-        return env[attrs[0]]
-    if op == "Op":
-        call = graph.opaque[attrs[0]]
-        return call.primitive.bind(*args, **call.params)
-    if op == "Get":
-        return args[0][attrs[0]]
-    return OPS[op].lower(attrs, *args)
-
-
 def _is_64bit(graph: Graph) -> bool:
     return any(node.dtype is not None and node.dtype.endswith("64") for node in graph.nodes)
 
@@ -87,7 +75,7 @@ def _environment(graph: Graph, inputs: Sequence[Any]) -> dict[str, Any]:
 def _evaluate(graph: Graph, env: dict[str, Any]) -> list[Any]:
     values: list[Any] = []
     for node in graph.nodes:
-        values.append(_apply(graph, env, node.op, node.attrs, [values[i] for i in node.inputs]))
+        values.append(graph.apply(node.op, node.attrs, [values[i] for i in node.inputs], env.__getitem__))
     return values
 
 
@@ -131,7 +119,7 @@ def _propagate(graph: Graph, snapshot: Snapshot, inputs: list[Any], checked: lis
                 values.setdefault(node.eclass, () if node.op == "TNil" else (args[0], *args[1]))
                 continue
             try:
-                out = _apply(graph, env, node.op, node.attrs, list(args[0]) if node.op == "Op" else args)
+                out = graph.apply(node.op, node.attrs, list(args[0]) if node.op == "Op" else args, env.__getitem__)
             except Exception:  # the lowering rejects these operands: ill-typed, never extracted
                 continue
             want = values.get(node.eclass)

@@ -8,7 +8,7 @@ from eqsat.ops import OPS
 
 ANALYSIS = "analysis"  # ruleset of the shape and dtype analyses, saturated before every rewrite step
 # egglog functions and relations that hold facts about tensors, not tensors: not e-nodes of the program
-FACTS = ("shape", "dtype", "Orig", "sibling-first", "sibling-last", "scalar-value", "axes-checked")
+FACTS = ("shape", "dtype", "Orig", "sibling-first", "sibling-last", "scalar-value", "axes-checked", "axes-built")
 
 
 def prelude() -> str:
@@ -26,6 +26,8 @@ def prelude() -> str:
         "(function sibling-last (Tensor) i64 :merge (max old new))",
         # per-axis shape checks of any rank (Bcast's): (axes-checked e i last) says axes 0..i-1 of e's input hold
         "(relation axes-checked (Tensor i64 i64))",
+        # shapes of any rank built axis by axis (Transpose's, Pad's, the pools'): the first i axes of e's shape
+        "(function axes-built (Tensor i64) Shape :no-merge)",
         # the value of a floating-point scalar constant (relu is max(x, 0.0)), for rules to match on
         "(function scalar-value (Tensor) f64 :merge (min old new))",
         f"(ruleset {ANALYSIS})",
@@ -70,13 +72,13 @@ def encode(graph: Graph) -> str:
 
 
 def _merge_group(graph: Graph, node: Node, canonical: list[int]) -> tuple | None:
-    """Which contractions a merge rule could join with this one: GEMMs of one input with matrix weights, convs of
-    one input with one stride and dilation, ungrouped (padding left out: a 1x1 conv enlarges to its 3x3 sibling)."""
-    if node.op == "Dot" and len(graph.nodes[node.inputs[1]].shape or ()) == 2:
-        return ("Dot", canonical[node.inputs[0]])
-    if node.op == "Conv" and node.attrs[8] == 1:
-        return ("Conv", canonical[node.inputs[0]], *node.attrs[:2], *node.attrs[6:8])
-    return None
+    """Which contractions a merge rule could join with this one: those of its op reading the same first input whose
+    op table's merge_key agrees."""
+    spec = OPS.get(node.op)
+    if spec is None or spec.merge_key is None:
+        return None
+    key = spec.merge_key(node.attrs, [graph.nodes[i].shape for i in node.inputs])
+    return None if key is None else (node.op, canonical[node.inputs[0]], *key)
 
 
 def _term(graph: Graph, node: Node) -> str:

@@ -315,10 +315,29 @@ def _gen_opaque(draw: DrawFn, prog: Program) -> int:
     return prog.apply("sort_by", lambda x, y: lax.sort((x, y), num_keys=1)[1], a, b)
 
 
-def _gen_naive_softmax(draw: DrawFn, prog: Program) -> int:
-    """exp(x) / sum(exp(x)) over the last axis, rank 2-4, as people write it: what the stable-softmax rules match."""
-    x = prog.fresh(dims(draw, draw(st.integers(2, 4))))
-    return prog.apply("naive_softmax", lambda v: jnp.exp(v) / jnp.sum(jnp.exp(v), axis=-1, keepdims=True), x)
+def _gen_arg_reduce(draw: DrawFn, prog: Program) -> int:
+    """argmax or argmin along an axis, of the input or of its floor (ties: the first position counts), the index
+    as a float so that later steps can use it."""
+    x = prog.pick(draw, lambda s: len(s) >= 1, dims(draw, draw(st.integers(1, 3))))
+    axis = draw(st.integers(0, len(prog.shapes[x]) - 1))
+    reduce = draw(st.sampled_from([jnp.argmax, jnp.argmin]))
+    tied = draw(st.booleans())
+
+    def index(v: Any) -> Any:
+        return reduce(jnp.floor(v) if tied else v, axis=axis).astype(v.dtype)
+
+    return prog.apply(f"{reduce.__name__}{axis}{'_of_floor' if tied else ''}", index, x)
+
+
+def _naive_softmax(rank: int) -> Callable[[DrawFn, Program], int]:
+    """exp(x) / sum(exp(x)) over the last axis of a rank-`rank` input, as people write it: what the stable-softmax
+    rule of that rank matches (one entry per rank, so that each rank leads programs of its own)."""
+
+    def gen(draw: DrawFn, prog: Program) -> int:
+        x = prog.fresh(dims(draw, rank))
+        return prog.apply("naive_softmax", lambda v: jnp.exp(v) / jnp.sum(jnp.exp(v), axis=-1, keepdims=True), x)
+
+    return gen
 
 
 def _gen_naive_logsumexp(draw: DrawFn, prog: Program) -> int:
@@ -366,6 +385,8 @@ ALGEBRA: dict[str, Callable[[DrawFn, Program], int]] = {
     "Bcast": _gen_bcast,
     "BcastBatchDot": _gen_batch_dot,
     "Op": _gen_opaque,
+    "ArgReduce": _gen_arg_reduce,
+    "ArgReduceMasked": _gen_arg_reduce,
     **{f"Transpose{'-' + inner if inner else ''}": _transpose(inner) for inner in _TRANSPOSE_INNER},
     "Transpose-4d": _transpose("", rank=4),
     "Reshape": _gen_reshape,
@@ -384,7 +405,7 @@ ALGEBRA: dict[str, Callable[[DrawFn, Program], int]] = {
     "shared-dots": _gen_shared_dots,
     "step-projections": _gen_step_projections,
     "transposed": _gen_transposed,
-    "Softmax": _gen_naive_softmax,
+    **{f"Softmax-{rank}d": _naive_softmax(rank) for rank in (2, 3, 4)},
     "LogSumExp": _gen_naive_logsumexp,
     "exp-of-bcast": _unary_of_broadcast(lambda v: lax.exp(lax.tanh(v))),
     "tanh-of-bcast": _unary_of_broadcast(lax.tanh),

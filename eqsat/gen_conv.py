@@ -125,19 +125,29 @@ def _gen_conv_grad(draw: DrawFn, prog: Program, wrt: str, depthwise: bool) -> in
     return prog.apply(f"weight_grad_{label}", lambda v, g: transposed(lambda k: conv(v, k), kernel, g), x, g)
 
 
-def _gen_one_hot(draw: DrawFn, prog: Program, table: bool) -> int:
-    """one_hot of integer ids (from a float input, negative and out-of-range ones included), times a table or not:
-    the embedding pattern that kernel selection turns into a gather."""
+def _gen_one_hot(draw: DrawFn, prog: Program, use: str) -> int:
+    """one_hot of integer ids (from a float input, negative and out-of-range ones included), alone (use="") or
+    times a table ("table": the embedding that kernel selection turns into a gather) or contracted over the ids'
+    axes with rows, one per id, as jax's gradient of the embedding with respect to the table does ("gradient":
+    what kernel selection turns into a scatter-add)."""
     depth = draw(st.integers(1, 6))
     x = prog.fresh(dims(draw, draw(st.integers(1, 2))))
 
     def one_hot(v: Any) -> Any:
         return jax.nn.one_hot(jnp.floor(v * depth).astype(jnp.int32), depth, dtype=v.dtype)
 
-    if not table:
-        return prog.apply(f"one_hot{depth}", one_hot, x)
-    rows = prog.fresh((depth, draw(st.integers(1, 5))))
-    return prog.apply(f"one_hot{depth}dot", lambda v, t: one_hot(v) @ t, x, rows)
+    if use == "table":
+        rows = prog.fresh((depth, draw(st.integers(1, 5))))
+        return prog.apply(f"one_hot{depth}dot", lambda v, t: one_hot(v) @ t, x, rows)
+    if use == "gradient":
+        ids_axes = tuple(range(len(prog.shapes[x])))
+        rows = prog.fresh((*prog.shapes[x], draw(st.integers(1, 5))))
+
+        def gradient(v: Any, g: Any) -> Any:  # jax's form: (g contracted with one_hot over the ids' axes).T
+            return lax.dot_general(g, one_hot(v), ((ids_axes, ids_axes), ((), ()))).T
+
+        return prog.apply(f"one_hot{depth}_gradient", gradient, x, rows)
+    return prog.apply(f"one_hot{depth}", one_hot, x)
 
 
 def _gen_sibling_convs(draw: DrawFn, prog: Program) -> int:
@@ -202,8 +212,9 @@ CONV: dict[str, Callable[[DrawFn, Program], int]] = {
     "Dilate": lambda draw, prog: _gen_conv_grad(draw, prog, "x", depthwise=draw(st.booleans())),
     "ConvBG": lambda draw, prog: _gen_conv_grad(draw, prog, "w", depthwise=False),
     "ShiftConvBG": lambda draw, prog: _gen_conv_grad(draw, prog, "w", depthwise=True),
-    "OneHot": lambda draw, prog: _gen_one_hot(draw, prog, table=False),
-    "Take": lambda draw, prog: _gen_one_hot(draw, prog, table=True),
+    "OneHot": lambda draw, prog: _gen_one_hot(draw, prog, ""),
+    "Take": lambda draw, prog: _gen_one_hot(draw, prog, "table"),
+    "ScatterRows": lambda draw, prog: _gen_one_hot(draw, prog, "gradient"),
     "sibling-convs": _gen_sibling_convs,
     "conv-sum": _gen_conv_sum,
     "enlarge": _gen_enlarge,

@@ -1,11 +1,13 @@
 """eqsat's graph IR: a flat list of nodes in topological order, each naming an op of the op table."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from eqsat.graph_walk import reachable
+from eqsat.ops import OPS
 
 Shape = tuple[int, ...]
 
@@ -44,6 +46,21 @@ class Graph:
 
     def roots(self) -> list[int]:
         return [*self.outputs, *self.effects]
+
+    def apply(self, op: str, attrs: tuple, args: list[Any], variable: Callable[[str], Any]) -> Any:
+        """One node's value from its inputs' values: a Var's from `variable` (its name -> value), an opaque
+        primitive re-bound with its parameters, one result of a multi-result call, or the op table's lowering.
+        The one evaluator of IR nodes: lowering, rule checking and validation all run nodes through it."""
+        if op == "Var":
+            return variable(attrs[0])
+        if op == "Op":
+            call = self.opaque[attrs[0]]
+            # as jax.core.eval_jaxpr binds an equation: shard_map's bind takes its parameters in another form than
+            # its equation holds them
+            return call.primitive.bind(*args, **call.primitive.get_bind_params(call.params))
+        if op == "Get":
+            return args[0][attrs[0]]
+        return OPS[op].lower(attrs, *args)
 
     def live(self) -> set[int]:
         """The nodes the outputs and effects depend on (capture can leave dead ones behind)."""

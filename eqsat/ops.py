@@ -7,6 +7,7 @@ their parameters become its attributes), and which attributes `rules check` may 
 prelude, the cost model, lowering and `rules check` all read this table; a new op is one entry.
 """
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -31,6 +32,7 @@ class CostClass(StrEnum):
     BITCAST = "bitcast"  # a row-major reshape: XLA moves no data
     GATHER = "gather"  # reads the rows it returns
     WINDOW = "window"  # a pooling pass: reads its input once, writes its output
+    REDUCTION = "reduction"  # an index-returning reduction (argmax): reads its input once
     OPAQUE = "opaque"  # a primitive the table does not model: one pass over its data
 
 
@@ -54,6 +56,9 @@ class OpSpec:
     # hand-written generator in eqsat/generators.py are drawn from it (no attributes: the op on random inputs)
     example_attrs: Callable[[Shape], list[tuple]] | None = None
     declaration: str | None = None  # egglog declaration, for a structural op that is not a plain constructor
+    # (attrs, input shapes) -> what siblings reading the same first input must share for a merge rule to join
+    # them (their place among those siblings goes to egglog: see encode.prelude); None: not mergeable
+    merge_key: Callable[[tuple, list[Shape | None]], tuple | None] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_class", CostClass(self.cost_class))
@@ -232,6 +237,35 @@ def _take_rows(_attrs: tuple, table: Any, ids: Any) -> Any:
     return jnp.where((ids >= 0)[..., None], rows, jnp.zeros((), table.dtype))
 
 
+def _scatter_rows(attrs: tuple, rows: Any, ids: Any) -> Any:
+    """A zero table of `depth` rows with rows[n] added into row ids[n]: what one_hot(ids, depth).T @ rows computes,
+    an embedding's gradient. An id outside [0, depth) adds nothing, as its one-hot row is all zeros; jnp's indexing
+    would wrap a negative one, so every such id is sent past the end, where mode="drop" drops it."""
+    (depth,) = attrs
+    table = jnp.zeros((depth, *rows.shape[1:]), rows.dtype)
+    return table.at[jnp.where((ids >= 0) & (ids < depth), ids, depth)].add(rows, mode="drop")
+
+
+def _arg_reduce(attrs: tuple, x: Any) -> Any:
+    """(ArgReduce kind axis index_dtype x): jnp.argmax / jnp.argmin along one axis (lax.argmax / lax.argmin)."""
+    kind, axis, index_dtype = attrs
+    return (lax.argmax if kind == "max" else lax.argmin)(x, axis, np.dtype(index_dtype))
+
+
+def _masked_arg_reduce(attrs: tuple, x: Any) -> Any:
+    """The same index as the first position holding the max (min): a max, then a min of the positions equal to it,
+    two fused reductions where XLA:CPU's one (value, index) reduction runs 6-10x slower (benches/RESULTS.md). A NaN
+    is the extreme, as for lax.argmax: the max is then NaN, and the first NaN's position is taken."""
+    kind, axis, index_dtype = attrs
+    extreme = (lax.reduce_max if kind == "max" else lax.reduce_min)(x, (axis,))
+    hit = x == lax.broadcast_in_dim(extreme, x.shape, tuple(d for d in range(x.ndim) if d != axis))
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        hit = hit | (x != x)
+    positions = lax.broadcasted_iota(np.dtype(index_dtype), x.shape, axis)
+    past_end = lax.full(x.shape, x.shape[axis], np.dtype(index_dtype))
+    return lax.reduce_min(lax.select(hit, positions, past_end), (axis,))
+
+
 def _batch_dot_shape_rules(name: str) -> tuple[str, ...]:
     """[B..., M, K] x [B..., K, N] -> [B..., M, N], for BatchDot and its alternative."""
     return (
@@ -306,22 +340,27 @@ def _sliced_pool(fn: str) -> Callable[..., Any]:
     return lower
 
 
-def _pool_shape_rules(name: str, max_rank: int = 6) -> tuple[str, ...]:
-    """(name window strides low high a): out[i] = (a[i] + low[i] + high[i] - window[i]) / strides[i] + 1, one rule
-    per rank (egglog has no map over a vector), the window fitting the padded input on every axis."""
-    rules = []
-    for rank in range(1, max_rank + 1):
-        rooms = [
-            f"(- (+ (vec-get sa {i}) (+ (vec-get k2 {i}) (vec-get k3 {i}))) (vec-get k0 {i}))" for i in range(rank)
-        ]
-        guards = " ".join(f"(= r{i} {room}) (>= r{i} 0) (> (vec-get k1 {i}) 0)" for i, room in enumerate(rooms))
-        dims = " ".join(f"(+ (/ r{i} (vec-get k1 {i})) 1)" for i in range(rank))
-        lengths = " ".join(f"(= (vec-length k{j}) {rank})" for j in range(4))
-        rules.append(
-            f"(rule ((= e ({name} k0 k1 k2 k3 a)) (= sa (shape a)) (= (vec-length sa) {rank}) {lengths} {guards})"
-            f" ((set (shape e) (vec-of {dims}))))"
-        )
-    return tuple(rules)
+def _pool_shape_rules(name: str) -> tuple[str, ...]:
+    """(name window strides low high a): out[i] = (a[i] + low[i] + high[i] - window[i]) / strides[i] + 1, the window
+    fitting the padded input on every axis."""
+    return _axis_by_axis(
+        f"({name} k0 k1 k2 k3 a)",
+        "(= (vec-length k0) n) (= (vec-length k1) n) (= (vec-length k2) n) (= (vec-length k3) n)",
+        "(= r (- (+ (vec-get sa i) (+ (vec-get k2 i) (vec-get k3 i))) (vec-get k0 i))) (>= r 0) (> (vec-get k1 i) 0)",
+        "(+ (/ r (vec-get k1 i)) 1)",
+    )
+
+
+def _axis_by_axis(pattern: str, whole: str, guard: str, dim: str) -> tuple[str, ...]:
+    """Shape rules of any rank, egglog having no map over a vector: the output shape is built axis by axis
+    ((axes-built e i) holds its first i axes), axis i of input a kept when `guard` holds and sized `dim` (both over
+    `sa`, a's shape, and `i`); `whole` guards the whole node (over `n`, a's rank)."""
+    head = f"(= e {pattern}) (= sa (shape a)) (= n (vec-length sa))"
+    return (
+        f"(rule ({head} {whole}) ((set (axes-built e 0) (vec-empty))))",
+        f"(rule ({head} (= v (axes-built e i)) (< i n) {guard}) ((set (axes-built e (+ i 1)) (vec-push v {dim}))))",
+        f"(rule ({head} (= v (axes-built e n))) ((set (shape e) v)))",
+    )
 
 
 def _patch_conv(attrs: tuple, x: Any, w: Any) -> Any:
@@ -351,6 +390,10 @@ def _broadcast_batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
     return lax.reduce_sum(lax.mul(left, right), (n - 1,))
 
 
+def _conv_merge_key(attrs: tuple, _shapes: list[Shape | None]) -> tuple | None:
+    return (*attrs[:2], *attrs[6:8]) if attrs[8] == 1 else None  # stride and dilation; ungrouped
+
+
 def _conv_op(
     name: str, lower: Callable[..., Any], groups: tuple[str, str] = _FEATURE_GROUPS, alternative: bool = False
 ) -> OpSpec:
@@ -372,18 +415,6 @@ def _conv_op(
         contracted=lambda shapes: prod(shapes[1][:3]),
         alternative=alternative,
     )
-
-
-def _per_rank_shape_rules(pattern: str, dim: str, max_rank: int = 6) -> tuple[str, ...]:
-    """A shape rule per rank, `dim` giving output axis {i}: egglog has no map over a vector."""
-    rules = []
-    for rank in range(1, max_rank + 1):
-        dims = " ".join(dim.format(i=i) for i in range(rank))
-        rules.append(
-            f"(rule ((= e {pattern}) (= sa (shape a)) (= (vec-length sa) {rank}) (= (vec-length k0) {rank}))"
-            f" ((set (shape e) (vec-of {dims}))))"
-        )
-    return tuple(rules)
 
 
 def _zero_pad(attrs: tuple, a: Any) -> Any:
@@ -421,6 +452,7 @@ OPS: dict[str, OpSpec] = {
                 " ((set (shape e) (vec-append (vec-pop sa) (vec-remove sb 0)))))",
             ),
             contracted=lambda shapes: shapes[0][-1],
+            merge_key=lambda _attrs, shapes: () if len(shapes[1] or ()) == 2 else None,  # matrix weights
         ),
         # a GEMM with its bias and activation (never captured: rules group them)
         OpSpec(
@@ -462,7 +494,11 @@ OPS: dict[str, OpSpec] = {
         ),
         # NHWC x HWIO convolution: (Conv stride_h stride_w pad_top pad_bottom pad_left pad_right
         #                                dilation_h dilation_w groups x w)
-        _conv_op("Conv", _conv),
+        # ungrouped convs of one stride and dilation merge (padding left out: a 1x1 conv enlarges to its 3x3 sibling)
+        dataclasses.replace(
+            _conv_op("Conv", _conv),
+            merge_key=lambda attrs, _shapes: (*attrs[:2], *attrs[6:8]) if attrs[8] == 1 else None,
+        ),
         # The same attributes, a depthwise conv (one input channel per group) computed as shifted multiply-adds;
         # rules/kernels.egg puts it beside the Conv it can replace, the timing cache prices both.
         _conv_op("ShiftConv", _shifted_conv, alternative=True),
@@ -523,6 +559,39 @@ OPS: dict[str, OpSpec] = {
             ),
             alternative=True,
         ),
+        # (ScatterRows depth rows ids): rows[N, ...] added into a zero [depth, ...] table at ids[N], ids out of range
+        # dropped; rules/kernels.egg puts it beside one_hot(ids).T @ rows (an embedding's gradient)
+        OpSpec(
+            "ScatterRows",
+            ("i64",),
+            2,
+            "gather",
+            _scatter_rows,
+            (
+                "(rule ((= e (ScatterRows k0 a b)) (= sa (shape a)) (= sb (shape b)) (= (vec-length sb) 1)"
+                " (>= (vec-length sa) 1) (= (vec-get sa 0) (vec-get sb 0)) (> k0 0))"
+                " ((set (shape e) (vec-set sa 0 k0))))",
+            ),
+            alternative=True,
+        ),
+        # (ArgReduce kind axis index_dtype x), kind "max" or "min": captured from lax.argmax / lax.argmin;
+        # ArgReduceMasked computes it as a max (min) and a min of the positions that hold it
+        *(
+            OpSpec(
+                name,
+                ("String", "i64", "String"),
+                1,
+                "reduction",
+                lower,
+                (
+                    f"(rule ((= e ({name} k0 k1 k2 a)) (= sa (shape a)) (>= k1 0) (< k1 (vec-length sa))"
+                    " (> (vec-get sa k1) 0)) ((set (shape e) (vec-remove sa k1))))",
+                ),
+                dtype_rule=f"(rule ((= e ({name} k0 k1 k2 a))) ((set (dtype e) k2)))",
+                alternative=name.endswith("Masked"),
+            )
+            for name, lower in (("ArgReduce", _arg_reduce), ("ArgReduceMasked", _masked_arg_reduce))
+        ),
         # broadcast_in_dim: (Bcast target_shape dims a)
         OpSpec(
             "Bcast",
@@ -578,7 +647,10 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             lambda attrs, a: lax.transpose(a, tuple(attrs[0])),
-            _per_rank_shape_rules("(Transpose k0 a)", "(vec-get sa (vec-get k0 {i}))"),
+            # each axis of the permutation in range (that no axis repeats is left to the lowering's type check)
+            _axis_by_axis(
+                "(Transpose k0 a)", "(= (vec-length k0) n)", "(= p (vec-get k0 i)) (>= p 0) (< p n)", "(vec-get sa p)"
+            ),
             ("transpose",),
         ),
         # (Pad low high a): zero padding of each axis, used by rules (enlarging a kernel), not captured
@@ -588,7 +660,12 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             _zero_pad,
-            _per_rank_shape_rules("(Pad k0 k1 a)", "(+ (vec-get sa {i}) (+ (vec-get k0 {i}) (vec-get k1 {i})))"),
+            _axis_by_axis(
+                "(Pad k0 k1 a)",
+                "(= (vec-length k0) n) (= (vec-length k1) n)",
+                "(>= (vec-get k0 i) 0) (>= (vec-get k1 i) 0)",
+                "(+ (vec-get sa i) (+ (vec-get k0 i) (vec-get k1 i)))",
+            ),
         ),
         # (Reshape new_shape a): sizes are trusted, egglog cannot multiply a vector out
         OpSpec(

@@ -9,6 +9,7 @@ analysis of the last step's nodes, which gets a tenth of the limit).
 import json
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import egglog.bindings as egg
 
@@ -43,6 +44,17 @@ class ENode:
     subsumed: bool = False  # a rule replaced it (:subsume), e.g. an unstable softmax: never extracted
 
 
+class StopReason(StrEnum):
+    """Why saturation stopped (a str: plans saved as JSON keep the value)."""
+
+    SATURATED = "saturated"  # nothing left to rewrite
+    BACK_OFF = "back-off"  # only rules the back-off scheduler banned (the explosive ones) had matches left
+    ITERATIONS = "iterations"  # Limits.iterations
+    NODES = "nodes"  # Limits.nodes
+    SECONDS = "seconds"  # Limits.seconds
+    NOT_PLANNED = "not planned"  # no saturation: the original runs (Plan.fallback says why)
+
+
 @dataclass
 class Snapshot:
     """The saturated e-graph as plain data: what extraction reads."""
@@ -51,9 +63,7 @@ class Snapshot:
     shape: dict[str, tuple[int, ...]]
     dtype: dict[str, str]
     orig: dict[int, str]  # graph node index -> e-class
-    stop_reason: (
-        str  # "saturated" | "back-off" (only banned rules had matches left) | "iterations" | "nodes" | "seconds"
-    )
+    stop_reason: StopReason
     iterations: int
     seconds: float
     rule_matches: dict[str, int] = field(default_factory=dict)
@@ -67,7 +77,7 @@ _REWRITE = "(run-schedule (run-with eqsat_backoff))"
 _ANALYSE_ONCE = f"(run-schedule (run {ANALYSIS}))"
 
 
-def _analyse(egraph: egg.EGraph, deadline: float, nodes: int) -> str | None:
+def _analyse(egraph: egg.EGraph, deadline: float, nodes: int) -> StopReason | None:
     """Saturate the analysis one egglog iteration at a time, checking the limits between them (the size every 16
     iterations: printing it costs more than a quick iteration), so that a rule of the analysis that never
     saturates cannot hold saturation past them. Returns the limit that stopped it, or None once saturated."""
@@ -76,9 +86,9 @@ def _analyse(egraph: egg.EGraph, deadline: float, nodes: int) -> str | None:
     while egraph.run_program(*step)[0].report.updated:
         k += 1
         if time.perf_counter() >= deadline:
-            return "seconds"
+            return StopReason.SECONDS
         if k % 16 == 0 and _size(egraph) >= nodes:
-            return "nodes"
+            return StopReason.NODES
     return None
 
 
@@ -87,10 +97,10 @@ def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
     deadline = start + limits.seconds
     egraph, rule_commands = _build(graph, rules)
     step = egraph.parse_program(_REWRITE)
-    stop_reason, iterations, matches = "iterations", 0, {}
+    stop_reason, iterations, matches = StopReason.ITERATIONS, 0, {}
     if limits.seconds <= 0:  # no time at all means no step; a positive limit always allows the first
-        stop_reason = "seconds"
-    while stop_reason == "iterations" and iterations < limits.iterations:
+        stop_reason = StopReason.SECONDS
+    while stop_reason == StopReason.ITERATIONS and iterations < limits.iterations:
         try:
             stopped = _analyse(egraph, deadline, limits.nodes)
             if stopped:
@@ -107,21 +117,21 @@ def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
             # Nothing changed. Saturated only if the back-off scheduler has no rule banned; else the banned rules
             # are the explosive ones (merges, associativity): letting them run measured 10-40x the optimization
             # time for no better plan, so we stop and say why.
-            stop_reason = "saturated" if report.can_stop else "back-off"
+            stop_reason = StopReason.SATURATED if report.can_stop else StopReason.BACK_OFF
             break
         size = _size(egraph)
         progress.step("saturate", f"saturate: iteration {iterations}, {size} e-nodes", iterations, limits.iterations)
         if size >= limits.nodes:
-            stop_reason = "nodes"
+            stop_reason = StopReason.NODES
             break
         if time.perf_counter() >= deadline:
-            stop_reason = "seconds"
+            stop_reason = StopReason.SECONDS
             break
     # The shapes of the last step's nodes (a node left without one is never extracted), given a tenth of the
     # limit beyond it: the built-in analysis saturates in a few quick iterations.
     try:
         stopped = _analyse(egraph, max(deadline, time.perf_counter()) + 0.1 * limits.seconds, 2 * limits.nodes)
-        if stopped and stop_reason not in ("nodes", "seconds"):
+        if stopped and stop_reason not in (StopReason.NODES, StopReason.SECONDS):
             stop_reason = stopped
     except egg.EggSmolError as error:
         raise _explain_conflict(error, graph, rules, rule_commands, iterations) from None

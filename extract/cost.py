@@ -168,16 +168,25 @@ def _contraction(node: _Node, profile: Profile) -> Cost:
 
 
 def _gather(node: _Node, profile: Profile) -> Cost:
-    """Reads the rows it returns and the indices, writes them: the table stays put."""
+    """Reads the rows it returns and the indices, writes them: the table stays put; or measured."""
     moved = 2 * node.out_bytes + (value_bytes(node.in_shapes[-1], node.dtype) if node.in_shapes else 0)
-    return Cost(moved / profile.bandwidth_for(moved) + profile.launch_overhead, 0.0, moved, 1)
+    return _pass_or_measured(node, profile, moved, 0.0)
 
 
 def _window(node: _Node, profile: Profile) -> Cost:
     """A pool: one pass over its input and output, a compare or add per window element; or measured."""
     assert node.out_shape is not None
-    moved = node.in_bytes + node.out_bytes
     flops = float(prod(node.out_shape) * prod(node.attrs[0]))
+    return _pass_or_measured(node, profile, node.in_bytes + node.out_bytes, flops)
+
+
+def _reduction(node: _Node, profile: Profile) -> Cost:
+    """An index-returning reduction (argmax): one pass over its input; or measured."""
+    return _pass_or_measured(node, profile, node.in_bytes + node.out_bytes, 0.0)
+
+
+def _pass_or_measured(node: _Node, profile: Profile, moved: int, flops: float) -> Cost:
+    """What the timing cache measured for the node, else one pass over the bytes it moves and a kernel launch."""
     measured = _timed(profile, node)
     if measured is not None:
         return Cost(measured, flops, moved, 1, measured=1)
@@ -197,6 +206,7 @@ PRICES: dict[CostClass, Callable[[_Node, Profile], Cost]] = {
     CostClass.CONTRACTION: _contraction,
     CostClass.GATHER: _gather,
     CostClass.WINDOW: _window,
+    CostClass.REDUCTION: _reduction,
     CostClass.OPAQUE: _one_pass,
 }
 

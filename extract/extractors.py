@@ -5,13 +5,11 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eqsat.extract.dag import dag_cost, reachable
 from eqsat.extract.greedy import greedy_dag
-
-if TYPE_CHECKING:  # importing eqsat at run time would pull in jax and import extract.plan back
-    from eqsat.saturate import ENode
+from eqsat.saturate import ENode, Limits
 
 METHODS = ("greedy", "ilp", "auto")
 AUTO_ILP_MAX_NODES = 4000  # beyond this HiGHS rarely beats greedy within a second and overruns its time limit
@@ -159,7 +157,7 @@ def extract(
     costs: list[float],
     roots: list[str],
     method: str = "auto",
-    time_limit: float = 5.0,
+    time_limit: float = Limits.extract_seconds,
     baseline: dict[str, int] | None = None,
     min_gain: float = 0.0,
 ) -> tuple[dict[str, int], dict[str, Any]]:

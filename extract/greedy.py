@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # importing eqsat at run time would pull in jax and import this module back
+if TYPE_CHECKING:
     from eqsat.saturate import ENode
 
 _BIT = np.arange(8)

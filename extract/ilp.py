@@ -10,7 +10,6 @@ with o_c >= o_d + 1 whenever a chosen node of c has child d in the same componen
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -18,16 +17,14 @@ from scipy.sparse import coo_array
 
 from eqsat import graph_walk
 from eqsat.extract.dag import dag_cost, reachable
-
-if TYPE_CHECKING:
-    from eqsat.saturate import ENode
+from eqsat.saturate import ENode, Limits
 
 
 def ilp_extract(
     nodes: list[ENode],
     costs: list[float],
     roots: list[str],
-    time_limit: float = 5.0,
+    time_limit: float = Limits.extract_seconds,
     warm_start: dict[str, int] | None = None,
 ) -> tuple[dict[str, int], float, bool]:
     """(choice, DAG cost, proven optimal). scipy's milp takes no initial solution, so a valid warm start bounds

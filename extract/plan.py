@@ -12,7 +12,7 @@ from eqsat.extract.extractors import extract
 from eqsat.extract.timing import measurable
 from eqsat.ir import Graph, Shape
 from eqsat.ops import OPS, infer
-from eqsat.saturate import ENode, Snapshot
+from eqsat.saturate import ENode, Limits, Snapshot, StopReason
 
 if TYPE_CHECKING:
     from eqsat.backends.memory import MemoryReport
@@ -40,7 +40,7 @@ class Plan:
     effects: list[int]
     predicted: Cost
     original: Cost
-    stop_reason: str
+    stop_reason: StopReason  # a saved plan's string is read back as the enum
     stats: dict[str, float] = field(default_factory=dict)
     rules_fired: dict[str, int] = field(default_factory=dict)
     graph: Graph | None = field(default=None, repr=False, compare=False)  # opaque calls and constants
@@ -54,6 +54,9 @@ class Plan:
     @property
     def predicted_speedup(self) -> float:
         return self.original.seconds / self.predicted.seconds if self.predicted.seconds else 1.0
+
+    def __post_init__(self) -> None:
+        self.stop_reason = StopReason(self.stop_reason)
 
     def rewritten_ops(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -127,7 +130,7 @@ def build_plan(
     profile: Profile,
     params: frozenset[str] = frozenset(),
     extractor: str = "auto",
-    time_limit: float = 1.0,
+    time_limit: float = Limits.extract_seconds,
     forbid: frozenset[str] = frozenset(),
     memory_weight: float = 0.0,
 ) -> Plan:

@@ -43,9 +43,10 @@ def versions() -> str:
 
 
 def measurable(op: str) -> bool:
-    """Contraction-, gather- and window-class ops (GEMMs, convs, pools and their alternatives): the kernels whose
-    speed the roofline misses."""
-    return op in OPS and OPS[op].cost_class in (CostClass.CONTRACTION, CostClass.GATHER, CostClass.WINDOW)
+    """Contraction-, gather-, window- and reduction-class ops (GEMMs, convs, pools, argmax and their alternatives):
+    the kernels whose speed the roofline misses."""
+    measured = (CostClass.CONTRACTION, CostClass.GATHER, CostClass.WINDOW, CostClass.REDUCTION)
+    return op in OPS and OPS[op].cost_class in measured
 
 
 @dataclass

@@ -64,3 +64,20 @@ def test_egglog_shape_rules_agree_with_the_lowerings(prog: Program, data: st.Dat
         traced = infer(op, attrs, avals)
         want = None if traced is None else traced[0]
         assert (None if derived is None else tuple(derived)) == want, (op, attrs, avals)
+
+
+def test_no_rank_limit():
+    # shapes built axis by axis: rank 8 as rank 1
+    shape, perm = (2, 1, 3, 1, 2, 1, 2, 3), (7, 6, 5, 4, 3, 2, 1, 0)
+    ones = (1,) * 8
+    cases = [
+        ("Transpose", (perm,), ((shape, "float32"),)),
+        ("Pad", (ones, (0, 2, 0, 0, 1, 0, 0, 0)), ((shape, "float32"),)),
+        ("PoolMax", ((1, 1, 2, 1, 1, 1, 2, 1), ones, (0,) * 8, (0,) * 8), ((shape, "float32"),)),
+        ("Transpose", ((0, 1),), (((3,), "float32"),)),  # a permutation of another rank: rejected by both
+    ]
+    derived = _egglog_shapes(cases)
+    assert [None if d is None else tuple(d) for d in derived] == [
+        None if (t := infer(op, attrs, avals)) is None else t[0] for op, attrs, avals in cases
+    ]
+    assert derived[0] is not None and len(derived[0]) == 8
