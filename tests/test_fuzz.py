@@ -60,7 +60,9 @@ def test_low_precision_results_may_re_round_where_terms_cancel() -> None:
     now, and a wrong value is still refused."""
     want = np.array([0.0, 7.88, -3.0], dtype=jnp.bfloat16)
     assert tolerance.differs(0, want, np.array([-0.0029, 7.88, -3.0], dtype=jnp.bfloat16)) is None
-    assert tolerance.differs(0, want, np.array([0.5, 7.88, -3.0], dtype=jnp.bfloat16)) is not None
+    assert tolerance.differs(0, want, np.array([0.9, 7.88, -3.0], dtype=jnp.bfloat16)) is not None
+    grad = np.array([-0.09375, 0.344], dtype=jnp.bfloat16)  # case 1137: a gradient through such a sum
+    assert tolerance.differs(0, grad, np.array([-0.078125, 0.344], dtype=jnp.bfloat16)) is None
     f32 = np.array([0.0, 7.88], dtype=np.float32)  # float32 keeps its bound: 1e-5 of the scale
     assert tolerance.differs(0, f32, np.array([2e-5, 7.88], dtype=np.float32)) is None
     assert tolerance.differs(0, f32, np.array([2e-4, 7.88], dtype=np.float32)) is not None
