@@ -1,7 +1,9 @@
 """Command line: `python -m eqsat demo` optimizes the bundled examples and prints plans and measured speed-ups."""
 
 import argparse
+import signal
 import sys
+from typing import Any
 
 from eqsat.cli import add_optimize_command, add_tune_command
 from eqsat.progress import configure_logging
@@ -64,6 +66,25 @@ def rules_check(args: argparse.Namespace) -> int:
         return 2
 
 
+def fuzz(args: argparse.Namespace) -> int:
+    from eqsat.fuzz import FAILURES, Outcome
+    from eqsat.fuzz import fuzz as run_fuzz
+
+    def report(outcome: Outcome) -> None:
+        if outcome.status in FAILURES:
+            print(f"{outcome.status} in case {outcome.case.index}: {outcome.detail[:200]}", flush=True)
+        if (outcome.case.index + 1) % args.every == 0:
+            print(f"{outcome.case.index + 1} cases", flush=True)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)  # a long run stopped with kill still prints the summary of what ran
+    summary = run_fuzz(args.n, args.seed, args.only, progress=report)
+    print(summary.table())
+    return 1 if summary.failures else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eqsat", description="Equality-saturation optimizer for JAX.")
     parser.add_argument(
@@ -96,6 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         "name such as Conv, or a rule pattern such as chain); default: every entry"
     )  # fmt: skip
     p.set_defaults(run=rules_check)
+    p = commands.add_parser(
+        "fuzz", help="random programs through optimize under random transformations, against jax.jit"
+    )
+    p.add_argument("--n", type=int, default=200, help="cases to run")
+    p.add_argument("--seed", type=int, default=0, help="seed: case I of seed S is the same program everywhere")
+    p.add_argument("--only", type=int, help="run only case ONLY of the seed (to reproduce a failure)")
+    p.add_argument("--every", type=int, default=100, help="print a progress line every EVERY cases")
+    p.set_defaults(run=fuzz)
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
     return args.run(args)

@@ -7,13 +7,14 @@ import functools
 import inspect
 import logging
 import operator
+import threading
 import time
 import types
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,7 +24,7 @@ from jax._src import api_util  # jax.jit's own argnums resolution
 from jax.core import ShapedArray
 from jax.extend import core as jcore
 
-from eqsat import plan_store, progress, rule_sources
+from eqsat import guard, plan_store, progress, rule_sources
 from eqsat.backends import memory
 from eqsat.backends.lower import lower, weight_boundary
 from eqsat.backends.memory import MEMORY_OPTIMIZED, BudgetReport, MemoryReport, figure_of, memory_report
@@ -35,10 +36,11 @@ from eqsat.extract.cost import Cost, load_profile
 from eqsat.extract.plan import Plan, build_plan
 from eqsat.extract.timing import priced
 from eqsat.ir import Graph, Opaque
-from eqsat.lru import LRU
 from eqsat.measure import median_time
+from eqsat.plan_cache import PerThread, shared_plans
 from eqsat.sample import example_like
 from eqsat.saturate import Limits, StopReason, saturate
+from eqsat.sharding import added_collectives, body_tracing, explicit_sharding, partitioned
 from eqsat.tolerance import beyond_conditioning, comparable, differs
 
 log = logging.getLogger("eqsat")
@@ -76,7 +78,7 @@ class _Signature(NamedTuple):
     statics: tuple[tuple[int | str, type, Any], ...]
 
 
-@dataclass
+@dataclass(eq=False)
 class _Entry:
     signature: _Signature
     plan: Plan
@@ -88,20 +90,15 @@ class _Entry:
     # the original compiled for validation in the background while the caller's jax.jit compiles the plan
     reference: Future | None = None
     key: str | None = None  # where the plan is kept across processes (eqsat/plan_store.py)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held while validating: once, by one thread
+    mismatched: bool = False  # validation found the plan's results wrong: the original runs
 
 
-# Plans are shared by every optimize() of one function with the same settings, as jax.jit shares its traces:
-# weakly keyed by the function, so that `jax.jit(f)(x)` written inside a loop or a gradient plans f once.
-_SHARED: "weakref.WeakKeyDictionary[Callable[..., Any], dict[tuple, tuple[LRU, LRU]]]" = weakref.WeakKeyDictionary()
-
-
-def _shared_plans(fun: Callable[..., Any], settings: tuple, size: int) -> tuple[LRU, LRU]:
-    """The plan caches of fun under these settings, each keeping the `size` signatures used last; fresh ones where
-    fun cannot be weakly referenced."""
-    try:
-        return _SHARED.setdefault(fun, {}).setdefault(settings, (LRU(size), LRU(size)))
-    except TypeError:  # not weakly referable or not hashable
-        return LRU(size), LRU(size)
+def _per_thread(name: str, doc: str) -> property:
+    """An attribute of the Optimized that is this thread's own (kept in its PerThread)."""
+    return property(
+        lambda self: getattr(self._pending, name), lambda self, value: setattr(self._pending, name, value), doc=doc
+    )
 
 
 class Optimized:
@@ -150,10 +147,11 @@ class Optimized:
         # (signature, prepared) -> entry; signature -> flat function, output tree, graph, e-graph, times
         settings = (target, tuple((r.origin, r.text) for r in self.rules), self.static_argnums, self.static_argnames)
         settings += (self.params_argnums, validate, self.limits, extractor, autotune, memory_budget, cache_size)
-        self._cache, self._saturated = _shared_plans(fun, settings, cache_size)
+        self._plans = shared_plans(fun, settings, cache_size)
+        self._cache, self._saturated = self._plans.entries, self._plans.saturated
         # what decides a plan besides the program: part of the key plans are kept by across processes
         self._store_settings = (repr(self.profile), settings[1], self.limits, extractor, autotune, memory_budget)
-        self._unvalidated: list[_Entry] = []  # plans built since the last validation
+        self._pending = PerThread()  # what this thread's calls built or ran and have not settled yet
         # a budget asks XLA:CPU for its memory-optimized schedule (an option the other backends do not take)
         if memory_budget is not None and jax.default_backend() == "cpu":
             jit_options["compiler_options"] = {**MEMORY_OPTIMIZED, **(jit_options.get("compiler_options") or {})}
@@ -163,7 +161,6 @@ class Optimized:
             {k: v for k, v in [("static_argnames", static_argnames), ("donate_argnames", donate_argnames)] if v}
         )
         self._dispatch = _Dispatch(self._traced, fun, options)
-        self._unbudgeted: list[_Entry] = []  # plans built since the last budget check
         # fun's name, doc, __wrapped__ and attributes, as jax.jit copies them, but never over our own state (fun
         # may carry a wrapped Optimized's, as jax.grad(optimize(f)) does)
         functools.update_wrapper(self, fun, updated=())
@@ -172,9 +169,13 @@ class Optimized:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if jax.config.jax_disable_jit:  # as jax.jit does: the function runs op by op
             return self.fun(*args, **kwargs)
+        # a plan not validated yet may run in this call, even one another thread builds while it runs (jax.jit's
+        # trace cache is shared): then the call settles its signature's plan
+        unsettled, builds = bool(self._plans.unchecked), self._plans.builds
         out = self._dispatch.run(*args, **kwargs)  # the fast path: nothing more once a signature is planned
-        if self._unvalidated or self._unbudgeted:
-            return self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out)
+        raced = unsettled or builds != self._plans.builds
+        if raced or self._plans.unchecked or self._unvalidated or self._unbudgeted:
+            return self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out, raced=raced)
         return out
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -196,8 +197,7 @@ class Optimized:
     def clear_cache(self) -> None:
         """Forget every plan (of this function and settings, however often wrapped) and trace, as jax.jit's
         clear_cache does."""
-        self._cache.clear()
-        self._saturated.clear()
+        self._plans.clear()
         self._unvalidated.clear()
         self._unbudgeted.clear()
         self._dispatch.reset()
@@ -238,7 +238,7 @@ class Optimized:
         entry = self._entry(signature, prepared=True)
         if entry in self._unvalidated:
             self._unvalidated.remove(entry)
-            self._validate(entry, flat)
+        self._validate(entry, flat, measure=False)  # what runs is the plan with its weights prepared: timed below
         names = self._param_names(signature)
         is_param = [f"x{i}" in names for i in range(len(flat))]
 
@@ -246,11 +246,21 @@ class Optimized:
             p, r = iter(params_flat), iter(rest_flat)
             return [next(p) if param else next(r) for param in is_param]
 
+        original = jax.jit(self.fun, static_argnums=self.static_argnums)
+
+        def unchanged(rest_args: tuple, _leaves: list[Any]) -> Any:
+            return original(*_merge_params(self.params_argnums, params, rest_args))
+
         if entry.call is entry.original:
-            original = jax.jit(self.fun, static_argnums=self.static_argnums)
-            return lambda rest_args, _leaves: original(*_merge_params(self.params_argnums, params, rest_args))
+            return unchanged
         body, weights = _with_weights(entry.plan, flat)
         run = jax.jit(lambda p, r, w: body(*ordered(p, r), *w))
+        if self.limits.guard_seconds > 0:
+            leaves = [x for x, param in zip(flat, is_param, strict=True) if not param]
+            with entry.lock:
+                kept = self._timed(entry, lambda: run(params_flat, leaves, weights), lambda: entry.original(*flat))
+            if not kept:
+                return unchanged
         return lambda _rest, leaves: jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, weights))
 
     def _traced(self, *args: Any, **kwargs: Any) -> Any:
@@ -264,24 +274,42 @@ class Optimized:
 
     def _checked(self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         """stage(jax.jit object): a call, trace or lowering, then settled."""
-        return self._settle(stage, args, kwargs, stage(self._dispatch.run))
+        unsettled, builds = bool(self._plans.unchecked), self._plans.builds
+        out = stage(self._dispatch.run)
+        return self._settle(stage, args, kwargs, out, raced=unsettled or builds != self._plans.builds)
 
     def _settle(
-        self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any], out: Any, results: Any = None
+        self,
+        stage: Callable[[Any], Any],
+        args: tuple,
+        kwargs: dict[str, Any],
+        out: Any,
+        results: Any = None,
+        raced: bool = False,
     ) -> Any:
         """Plans built by the stage that gave `out` are validated (on these arguments where they are concrete and
         of the plan's signature, else on examples of its shapes) and, on a mismatch, the dispatch is rebuilt so
         that the stage runs again on the original program. `results`: what a call returned, the optimized
-        program's results for these arguments, compared as they are instead of compiling the plan again."""
+        program's results for these arguments, compared as they are instead of compiling the plan again.
+        `raced`: a plan was unvalidated at some point during the stage, so the stage may have run this
+        signature's plan before another thread's validation of it fell back."""
         if self._unbudgeted:
             self._check_budget(args, kwargs)
-        if not self._unvalidated:
-            return out
         pending, self._unvalidated = self._unvalidated, []
         flat, signature = self._signature(args, kwargs)
+        own = self._cache.get((signature, False))
+        # traced by another thread, this call may have run it before it fell back (not where arguments are
+        # donated: then every trace validates its plan before it runs it)
+        maybe_ran = raced and own is not None and own.mismatched and not self._dispatch.donates
+        if own is not None and own not in pending and (not own.validated or maybe_ran):
+            pending.append(own)
+        if not pending:
+            return out
         concrete = all(isinstance(x, jax.Array | np.ndarray | np.generic | int | float | complex) for x in flat)
         concrete = concrete and not any(isinstance(x, jax.core.Tracer) for x in flat)
         got = jax.tree_util.tree_leaves(results) if results is not None else None
+        if got is not None and any(isinstance(x, jax.core.Tracer) for x in got):  # concrete arguments, called
+            got = None  # inside a trace (a scan body closing over them): the results are the trace's values
         mine = [concrete and e.signature == signature for e in pending]
         if any(
             [self._validate(e, flat if m else None, got if m else None) for e, m in zip(pending, mine, strict=True)]
@@ -358,14 +386,26 @@ class Optimized:
         flat, tree = jax.tree_util.tree_flatten(dynamic)
         return flat, _Signature(n, tree, tuple(_abstract(x) for x in flat), statics)
 
+    _unvalidated = _per_thread("unvalidated", "The plans this thread's calls built or ran and have not validated yet.")
+    _unbudgeted = _per_thread("unbudgeted", "The plans this thread built since its last budget check.")
+
     def _entry(self, signature: _Signature, prepared: bool = False) -> _Entry:
-        entry = self._cache.get((signature, prepared))
+        """The entry of this signature and mode, built by one thread while the others that need it wait."""
+        key = (signature, prepared)
+        entry = self._cache.get(key)
         if entry is None:
-            entry = self._cache[signature, prepared] = self._build(signature, prepared)
-            if not entry.validated:
-                self._unvalidated.append(entry)
-            if self.memory_budget is not None:
-                self._unbudgeted.append(entry)
+            with self._plans.building(signature):
+                entry = self._cache.get(key)
+                if entry is None:
+                    entry = self._build(signature, prepared)
+                    if not entry.validated:
+                        self._plans.unchecked.add(id(entry))
+                        self._plans.builds += 1
+                    self._cache[key] = entry
+                    if self.memory_budget is not None:
+                        self._unbudgeted.append(entry)
+        if not entry.validated and entry not in self._unvalidated:  # this thread's call settles it, or another's
+            self._unvalidated.append(entry)
         return entry
 
     def _build(self, signature: _Signature, prepared: bool) -> _Entry:
@@ -396,6 +436,7 @@ class Optimized:
             stored = plan_store.load(key, self.profile) if key else None
             if stored is not None:
                 graph = capture(closed)
+                graph.input_paths, graph.params = self._input_names(signature), self._param_names(signature)
                 self._optimize_bodies(graph)
                 stored.graph = graph
                 stored.stats.update(stored=1.0, load_s=time.perf_counter() - t0)
@@ -527,14 +568,14 @@ class Optimized:
         return chosen
 
     def _optimize_bodies(self, graph: Graph) -> None:
-        """Optimize the bodies of scan, while, cond and remat calls as programs of their own, in place."""
+        """Optimize the bodies of scan, while, cond, remat and shard_map calls as programs of their own, in place."""
         for k, call in enumerate(graph.opaque):
             changed = {}
             for name, value in call.params.items():
-                if name in _SUBPROGRAM_PARAMS and isinstance(value, jcore.Jaxpr):
-                    changed[name] = self._optimize_body(value)
+                if name in _SUBPROGRAM_PARAMS and isinstance(value, jcore.Jaxpr | jcore.ClosedJaxpr):
+                    changed[name] = self._optimize_body(value, call)
                 elif name == "branches" and isinstance(value, tuple):
-                    branches = tuple(self._optimize_body(b) for b in value)
+                    branches = tuple(self._optimize_body(b, call) for b in value)
                     # a new tuple of the same branches is no change (it made every cond look rewritten)
                     changed[name] = value if all(map(operator.is_, branches, value)) else branches
             changed = {name: v for name, v in changed.items() if v is not call.params[name]}
@@ -542,25 +583,30 @@ class Optimized:
                 graph.opaque[k] = Opaque(call.primitive, {**call.params, **changed}, call.multiple_results)
                 graph.bodies_rewritten += 1
 
-    def _optimize_body(self, body: jcore.Jaxpr) -> jcore.Jaxpr:
-        """The body re-planned, or the body itself when nothing changed or the result would not fit in its place."""
-        graph = capture(body)
-        self._optimize_bodies(graph)
-        key = self._store_key(body, ("body",)) if isinstance(body, jcore.ClosedJaxpr) else None
-        plan = plan_store.load(key, self.profile) if key else None
-        if plan is None:
-            snapshot = saturate(graph, self.rules, self.limits)
-            plan = self._extract(graph, snapshot, frozenset())
-            if key:
-                plan_store.save(key, plan, self.profile, snapshot)
-        plan.graph = graph
-        if self._nothing_to_gain(plan):
-            return body
-        inner = body.jaxpr
-        avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in inner.invars]
-        new = jax.make_jaxpr(lower(plan))(*avals)
+    def _optimize_body(self, body: Any, call: Opaque) -> Any:
+        """The body re-planned, or the body itself when nothing changed or the result would not fit in its place.
+
+        It is traced as its call traces it: a shard_map body within the mesh's manual axes (its collectives and
+        pvary name them), on its own input types (a value varying over an axis stays varying)."""
+        with body_tracing(call):
+            graph = capture(body)
+            self._optimize_bodies(graph)
+            key = self._store_key(body, ("body",)) if isinstance(body, jcore.ClosedJaxpr) else None
+            plan = plan_store.load(key, self.profile) if key else None
+            if plan is None:
+                snapshot = saturate(graph, self.rules, self.limits)
+                plan = self._extract(graph, snapshot, frozenset())
+                if key:
+                    plan_store.save(key, plan, self.profile, snapshot)
+            plan.graph = graph
+            if self._nothing_to_gain(plan):
+                return body
+            inner = body.jaxpr
+            new = jax.make_jaxpr(lower(plan))(*[v.aval for v in inner.invars])
         same_type = [_type(v) for v in new.jaxpr.outvars] == [_type(v) for v in inner.outvars]
-        return new if same_type and not new.consts and not inner.constvars else body
+        if not same_type or new.consts or inner.constvars:
+            return body
+        return new if isinstance(body, jcore.ClosedJaxpr) else new.jaxpr
 
     def _input_names(self, signature: _Signature) -> dict[str, str]:
         """The graph's Var name of each flat leaf -> its pytree path in the call (params.layers[0].wq)."""
@@ -575,19 +621,63 @@ class Optimized:
         leaves = (jax.tree_util.tree_leaves(sub) for pos, sub in zip(positions, indexed, strict=True) if pos in params)
         return frozenset(f"x{j}" for sub in leaves for j in sub)
 
-    def _validate(self, entry: _Entry, flat: list[Any] | None = None, got: list[Any] | None = None) -> bool:
+    def _validate(
+        self, entry: _Entry, flat: list[Any] | None = None, got: list[Any] | None = None, measure: bool = True
+    ) -> bool:
         """Compare with the original on these arguments (without them: examples of the signature's shapes, as
         while tracing or before donation); fall back on mismatch. `got`: the optimized results for `flat`, where
-        the caller has them already.
+        the caller has them already. Then (`measure`) time the plan against the original and keep the original
+        where the plan is not faster (Limits.guard_seconds).
 
-        Returns whether it fell back."""
+        Returns whether the plan's results were wrong (here, or in the thread that validated it): a call that
+        ran it runs again."""
+        with entry.lock:
+            if not entry.validated:
+                with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
+                    flat = _examples(entry.signature) if flat is None else flat
+                self._compare(entry, flat, got)
+                if not entry.mismatched and partitioned(flat, entry.plan.graph):
+                    self._keep_collectives(entry, flat)
+                if measure and self.limits.guard_seconds > 0 and entry.call is not entry.original:
+                    original, optimized = entry.original, entry.call
+                    if not self._timed(entry, lambda: optimized(*flat), lambda: original(*flat)):
+                        entry.call = entry.original
+                if entry.call is entry.original:  # before the plan counts as validated: no call finds its trace
+                    self._dispatch.reset()
+                entry.validated = True
+                self._plans.unchecked.discard(id(entry))
+        return entry.mismatched
+
+    def _keep_collectives(self, entry: _Entry, flat: list[Any]) -> None:
+        """The original runs where the plan, compiled for these arguments' shardings, has a collective more than
+        jax.jit's program (a merge along a sharded axis): sharded programs keep their communication."""
+        with jax.ensure_compile_time_eval():
+            added = added_collectives(entry.call, entry.original, flat)
+        if added:
+            entry.call = entry.original
+            more = ", ".join(f"{n} {kind}" for kind, n in sorted(added.items()))
+            entry.plan.fallback = f"the plan adds collectives that jax.jit's program lacks ({more}): the original runs"
+            log.info("eqsat: %s: %s", getattr(self.fun, "__name__", "function"), entry.plan.fallback)
+
+    def _timed(self, entry: _Entry, optimized: Callable[[], Any], original: Callable[[], Any]) -> bool:
+        """Whether the plan is kept after timing it against the original within Limits.guard_seconds (once per
+        plan; the plan records what was measured, and where it is not kept, why the original runs)."""
+        if entry.plan.measured is None:
+            progress.begin("measure", "measure the plan against the original")
+            with jax.ensure_compile_time_eval():
+                entry.plan.measured = guard.measure(original, optimized, self.limits.guard_seconds)
+            if not entry.plan.measured["kept"]:
+                entry.plan.fallback = guard.describe(entry.plan.measured)
+                log.info("eqsat: %s: %s", getattr(self.fun, "__name__", "function"), entry.plan.fallback)
+        return entry.plan.measured["kept"]
+
+    def _compare(self, entry: _Entry, flat: list[Any], got: list[Any] | None) -> None:
+        """_validate's work: compare, and on a mismatch find the rules involved and fall back."""
         progress.begin("validate", "validate: compile and compare with the original")
         with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
-            flat = _examples(entry.signature) if flat is None else flat
             expected = comparable(_reference_results(entry, flat))
             entry.reference = None  # an executable of its own: not kept once compared
             got = comparable(entry.call(*flat) if got is None else got)
-        entry.validated = True
         wrong = next(((k, p) for k, p in enumerate(map(differs, range(len(got)), expected, got)) if p), None)
         if wrong is not None:
             with jax.ensure_compile_time_eval():
@@ -595,7 +685,7 @@ class Optimized:
         if wrong is None:
             if entry.key:
                 plan_store.mark_validated(entry.key)
-            return False
+            return
         k, problem = wrong
         progress.begin("validate", "validate: finding the rules the mismatch depends on")
         with jax.ensure_compile_time_eval():
@@ -610,10 +700,9 @@ class Optimized:
             f"eqsat: the optimized {getattr(self.fun, '__name__', 'function')} differed from the original "
             f"({problem}); running the original instead. Rules involved: {suspects}.",
             EqsatWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-        entry.call = entry.original
-        return True
+        entry.call, entry.mismatched = entry.original, True
 
     def _blame(self, entry: _Entry, flat: list[Any], k: int, want: Any) -> tuple[list[str], bool]:
         """The fired rules result k's mismatch depends on, and whether the search finished within its budget
@@ -793,9 +882,10 @@ def _shape_of(plan: Plan) -> tuple:
     return tuple((n.op, n.inputs, n.attrs) for n in plan.nodes)
 
 
-def _type(var: Any) -> tuple:
-    """Shape and dtype, not weak type: what a loop or branch body must keep."""
-    return (getattr(var.aval, "shape", None), getattr(var.aval, "dtype", None))
+def _type(var: Any) -> Any:
+    """The type without its weak type (shape, dtype, the mesh axes a value varies over): what a loop, branch or
+    shard_map body must keep."""
+    return var.aval.strip_weak_type() if hasattr(var.aval, "strip_weak_type") else var.aval
 
 
 def _as_tuple(argnums: int | Sequence[int], option: str = "argnums") -> tuple[int, ...]:
@@ -896,16 +986,25 @@ def _reference_results(entry: _Entry, flat: list[Any]) -> list[Any]:
 
 
 def _abstract(x: Any) -> Any:
-    """The abstract value jax.jit keys a leaf by (shape, dtype, weak type; a token's own type), without the
-    sharding or varying-axes annotations a trace may add."""
+    """The abstract value jax.jit keys a leaf by (shape, dtype, weak type; a token's own type; the sharding over a
+    mesh of explicit axes, which is part of the type there), without the varying-axes annotations a trace adds."""
     aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
     if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
         return aval
-    return ShapedArray(tuple(aval.shape), aval.dtype, weak_type=bool(getattr(aval, "weak_type", False)))
+    weak_type = bool(getattr(aval, "weak_type", False))
+    sharding = explicit_sharding(aval)
+    if sharding is not None:
+        return ShapedArray(tuple(aval.shape), aval.dtype, weak_type=weak_type, sharding=sharding)
+    return ShapedArray(tuple(aval.shape), aval.dtype, weak_type=weak_type)
 
 
 def _examples(signature: _Signature) -> list[Any]:
-    return [example_like(aval, i) for i, aval in enumerate(signature.avals)]
+    """Examples of the signature's leaves, placed as their type says where it names an explicit sharding."""
+    examples = [example_like(aval, i) for i, aval in enumerate(signature.avals)]
+    return [
+        x if explicit_sharding(aval) is None else jax.device_put(x, explicit_sharding(aval).spec)
+        for x, aval in zip(examples, signature.avals, strict=True)
+    ]
 
 
 def _failure(name: str, error: Exception) -> str:

@@ -66,7 +66,9 @@ class Graph:
             return variable(attrs[0])
         if op == "Op":
             call = self.opaque[attrs[0]]
-            return call.primitive.bind(*args, **call.params)
+            # as jax.core.eval_jaxpr binds an equation: shard_map's bind takes its parameters in another form than
+            # its equation holds them
+            return call.primitive.bind(*args, **call.primitive.get_bind_params(call.params))
         if op == "Get":
             return args[0][attrs[0]]
         return OPS[op].lower(attrs, *args)

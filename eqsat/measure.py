@@ -47,13 +47,18 @@ def median_time(
 
 
 def compare(
-    baseline: Callable[..., Any], candidate: Callable[..., Any], args: tuple, seconds: float = 2.0
+    baseline: Callable[..., Any],
+    candidate: Callable[..., Any],
+    args: tuple,
+    seconds: float = 2.0,
+    round_seconds: float = 0.02,
 ) -> Comparison:
-    """Interleave baseline and candidate rounds (order alternating) until `seconds` have passed."""
+    """Interleave baseline and candidate rounds (order alternating) until `seconds` have passed, each round of at
+    least `round_seconds` (20 ms keeps the timer's noise small) and at least five of them."""
     jax.block_until_ready(baseline(*args))
     jax.block_until_ready(candidate(*args))
     probe = max(_time_once(baseline, args, 1), _time_once(candidate, args, 1), 1e-6)
-    repeat = max(1, int(0.02 / probe))  # rounds of at least ~20 ms so the timer's noise stays small
+    repeat = max(1, int(round_seconds / probe))
     base, cand, ratios = [], [], []
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline or len(ratios) < 5:

@@ -13,7 +13,7 @@ from enum import StrEnum
 
 import egglog.bindings as egg
 
-from eqsat import progress
+from eqsat import guard, progress
 from eqsat.chains import CHAIN_RULE, FACTOR_RULE, alternatives
 from eqsat.encode import ANALYSIS, FACTS, encode, prelude
 from eqsat.errors import ShapeConflictError
@@ -32,6 +32,8 @@ class Limits:
     # measuring kernels the timing cache lacks (extract/timing.py), per signature; 0 prices them by roofline alone
     measure_seconds: float = 10.0
     blame_seconds: float = 20.0  # after a failed validation, the search for the rules the mismatch depends on
+    # after validation, timing the plan against the original (eqsat/guard.py); 0 keeps plans unmeasured
+    guard_seconds: float = field(default_factory=lambda: guard.DEFAULT_SECONDS)
 
 
 @dataclass

@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from eqsat import guard
 from eqsat.extract import changes, provenance
 from eqsat.extract.cost import Cost, Profile, node_cost, value_bytes
 from eqsat.extract.dag import reachable
@@ -57,6 +58,7 @@ class Plan:
     autotune: list[dict[str, Any]] = field(default_factory=list)  # candidates: label, predicted and measured s
     blamed: list[str] | None = None  # after a failed validation: the rules the mismatching result depends on
     original_seconds: list[float] = field(default_factory=list)  # predicted time of each original graph node
+    measured: dict[str, Any] | None = None  # the plan timed against the original after validation (eqsat/guard.py)
 
     @property
     def predicted_speedup(self) -> float:
@@ -122,6 +124,8 @@ class Plan:
                 f"  autotune         {row['label']:<28} predicted {row['predicted_s'] * 1e3:8.3f} ms  "
                 f"measured {row['measured_s'] * 1e3:8.3f} ms {mark}"
             )
+        if self.measured:
+            lines.append(f"  measured         {guard.describe(self.measured)}")
         if self.fallback:
             lines.append(f"  FALLBACK         {self.fallback}")
         return "\n".join(lines)

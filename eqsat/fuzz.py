@@ -1,0 +1,394 @@
+"""Differential fuzzing of the whole pipeline: random JAX programs through optimize(), under random
+transformations and calling contexts, against jax.jit of the same program.
+
+The programs are those `rules check` draws (eqsat/generators.py: one generator per op of the table and per rule
+pattern, the kernel-selection alternatives, convolution gradients and pools included), over float32, bfloat16,
+float16 and int32, with their inputs packed as pytrees, their results as a dict or tuple, and the program placed
+in a scan, cond, fori_loop or remat body or left straight. Each is optimized with random options (target,
+extractor, weights declared) and run under one transformation: eagerly, under jit, vmap or grad, inside a scan
+body, with its weights prepared, or as the gradient program optimize(jax.grad(loss)); the first call is eager or
+transformed, and the other kind of call follows. A case fails when a result differs beyond the tolerance
+validation uses (`mismatch`), when eqsat raises where jax.jit did not (`crash`), or when eqsat's own machinery
+failed and warned (`internal`). Fallbacks (validation caught a wrong plan and the original ran) are counted.
+
+`python -m eqsat fuzz --n N --seed S` runs N cases; `--only I` re-runs case I of that seed. Deterministic: case I
+of seed S (for one version of the generator table) is drawn from numpy's generator seeded with (S, I), uniformly
+(hypothesis, which the generators are written for, leans towards small and first choices, which verification
+wants and a fuzzer does not).
+"""
+
+import collections
+import dataclasses
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import strategies as st
+from jax import lax
+
+from eqsat.api import EqsatWarning, optimize
+from eqsat.generators import generators
+from eqsat.program import Program
+from eqsat.saturate import Limits
+from eqsat.tolerance import beyond_conditioning, comparable, mismatch
+
+# small: a case must take well under a second; validation's blame search is what a failure costs, so it is short
+FUZZ_LIMITS = Limits(
+    iterations=4,
+    nodes=2_000,
+    seconds=2.0,
+    extract_seconds=0.2,
+    measure_seconds=0.0,
+    blame_seconds=2.0,
+    guard_seconds=0.0,
+)
+
+DTYPES = ("float32", "float32", "bfloat16", "float16", "int32")
+TRANSFORMS = ("eager", "jit", "vmap", "grad", "scan", "prepare", "optimize-grad")
+BODIES = ("straight", "straight", "scan", "cond", "fori", "remat")
+TARGETS = ("cpu", "h100", "tpu-v5e")
+EXTRACTORS = ("greedy", "ilp", "auto")
+_FLOAT_ONLY = ("grad", "optimize-grad")  # transformations that differentiate
+
+
+@dataclass
+class Case:
+    """One fuzz case: a program, how it is packed and placed, and how it is optimized and called."""
+
+    index: int
+    program: Program
+    body: str
+    transform: str
+    first: str  # "eager" or "transformed": which call of the signature comes first
+    target: str
+    extractor: str
+    tree: tuple[int, ...]  # how many input leaves each positional argument holds (the first one a dict)
+    as_dict: bool  # results as a dict (else a tuple)
+    data_seed: int
+    guard: bool  # the plan timed against the original after validation (a short Limits.guard_seconds)
+
+    def describe(self) -> str:
+        return (
+            f"case {self.index}: {self.transform} (first call {self.first}), body {self.body}, target {self.target}, "
+            f"extractor {self.extractor}, arguments {self.tree}, guard {self.guard}\n  "
+            + repr(self.program).replace("\n", "\n  ")
+        )
+
+
+@dataclass
+class Outcome:
+    case: Case
+    status: str  # "ok" | "mismatch" | "crash" | "internal" | "invalid" (jax.jit itself refused the case)
+    detail: str = ""
+    fallback: bool = False  # validation found the plan wrong and ran the original
+    rewritten: dict[str, int] = field(default_factory=dict)  # ops the plans introduced
+    seconds: float = 0.0
+
+
+FAILURES = ("mismatch", "crash", "internal")
+
+
+@dataclass
+class Summary:
+    seed: int
+    outcomes: list[Outcome]
+    seconds: float
+
+    def count(self, status: str) -> int:
+        return sum(o.status == status for o in self.outcomes)
+
+    @property
+    def failures(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.status in FAILURES]
+
+    def table(self) -> str:
+        ran = [o for o in self.outcomes if o.status != "invalid"]
+        rewritten = collections.Counter()
+        for o in ran:
+            rewritten.update(o.rewritten)
+        by_transform = collections.Counter(o.case.transform for o in ran)
+        lines = [
+            f"seed {self.seed}: {len(self.outcomes)} cases, {len(ran)} run ({self.count('invalid')} that jax.jit "
+            f"itself refused skipped), {self.seconds:.0f} s",
+            f"  mismatches {self.count('mismatch')}, crashes {self.count('crash')}, internal failures "
+            f"{self.count('internal')}, fallbacks after validation {sum(o.fallback for o in ran)}",
+            f"  plans rewritten in {sum(bool(o.rewritten) for o in ran)} cases; ops introduced: "
+            + ", ".join(f"{op} {n}" for op, n in rewritten.most_common()),
+            "  transformations: " + ", ".join(f"{t} {n}" for t, n in sorted(by_transform.items())),
+        ]
+        for o in self.failures:
+            lines.append(f"\n{o.status.upper()} {o.case.describe()}\n  {o.detail}".replace("\n", "\n  "))
+        return "\n".join(lines)
+
+
+class _Rejected(Exception):
+    """The draw made a program its dtype cannot run (tanh of an int): the case is drawn again."""
+
+
+def _uniform_draw(rng: np.random.Generator) -> Callable[[st.SearchStrategy[Any]], Any]:
+    """A draw function for the generators' strategies (integers, booleans, sampled_from, permutations), uniform."""
+
+    def draw(strategy: st.SearchStrategy[Any]) -> Any:
+        inner = getattr(strategy, "wrapped_strategy", strategy)
+        kind = type(inner).__name__
+        if kind == "IntegersStrategy":
+            return int(rng.integers(inner.start, inner.end + 1))
+        if kind == "BooleansStrategy":
+            return bool(rng.integers(2))
+        if kind in ("SampledFromStrategy", "JustStrategy"):
+            return inner.elements[int(rng.integers(len(inner.elements)))]
+        if kind == "PermutationStrategy":
+            return [inner.values[i] for i in rng.permutation(len(inner.values))]
+        raise TypeError(f"the fuzzer cannot draw from {strategy!r}")
+
+    return draw
+
+
+def draw_case(seed_value: int, index: int) -> Case:
+    """Case `index` of this seed: a program of 1-4 generator entries in one dtype, and how it is optimized and
+    called (drawn again, with the next sub-seed, where the program does not type-check in its dtype)."""
+    for attempt in range(100):
+        rng = np.random.default_rng([seed_value, index, attempt])
+        try:
+            return _case(rng, index)
+        except _Rejected:
+            continue
+    raise RuntimeError(f"case {index} of seed {seed_value}: no program type-checked in 100 draws")
+
+
+def _pick(rng: np.random.Generator, options: tuple[Any, ...]) -> Any:
+    return options[int(rng.integers(len(options)))]
+
+
+def _case(rng: np.random.Generator, index: int) -> Case:
+    draw = _uniform_draw(rng)
+    dtype = _pick(rng, DTYPES)
+    prog = Program(dtype)
+    entries = generators()
+    names = tuple(sorted(entries))
+    for _ in range(int(rng.integers(1, 5))):
+        try:
+            entries[_pick(rng, names)](draw, prog)
+        except Exception as error:  # an op this dtype does not take (tanh of an int, an integer -inf)
+            raise _Rejected from error
+    if not prog.outputs():
+        raise _Rejected
+    transform = _pick(rng, TRANSFORMS)
+    if transform in _FLOAT_ONLY and dtype == "int32":
+        transform = "jit"
+    n = len(prog.input_shapes)
+    cut = sorted(int(c) for c in rng.integers(0, n + 1, int(rng.integers(0, 3))))
+    tree = tuple(b - a for a, b in zip([0, *cut], [*cut, n], strict=True))
+    if transform == "prepare" and (len(tree) < 2 or tree[0] == 0):
+        transform = "jit"  # prepare binds the first argument's leaves: it needs some, and other arguments
+    return Case(
+        index,
+        prog,
+        _pick(rng, BODIES),
+        transform,
+        _pick(rng, ("eager", "transformed")),
+        _pick(rng, TARGETS),
+        _pick(rng, EXTRACTORS),
+        tree,
+        bool(rng.integers(2)),
+        int(rng.integers(2**31)),
+        bool(rng.integers(4) == 0),
+    )
+
+
+def _function(case: Case) -> Callable[..., Any]:
+    """The program as a function of pytree arguments (the first a dict of its leaves, the others lists), its
+    results a dict or tuple, computed straight or in a control-flow body."""
+    prog = case.program
+
+    def leaves_of(args: tuple) -> list[Any]:
+        first, *rest = args
+        return [first[f"w{i}"] for i in range(len(first))] + [x for r in rest for x in r]
+
+    def results(leaves: list[Any]) -> Any:
+        out = prog(*leaves)
+        return {f"out{i}": v for i, v in enumerate(out)} if case.as_dict else tuple(out)
+
+    def fun(*args: Any) -> Any:
+        leaves = leaves_of(args)
+        if case.body == "scan":
+            return lax.scan(lambda c, _: (c, results(leaves)), 0, None, length=2)[1]
+        if case.body == "cond":  # both branches the program, one on the inputs negated (ints too)
+            return lax.cond(jnp.sum(leaves[0]) > 0, results, lambda ls: results([-x for x in ls]), leaves)
+        if case.body == "fori":  # the program's results accumulated over two iterations
+            zero = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(results, leaves))
+            return lax.fori_loop(0, 2, lambda i, acc: jax.tree_util.tree_map(jnp.add, acc, results(leaves)), zero)
+        if case.body == "remat":
+            return jax.checkpoint(results)(leaves)
+        return results(leaves)
+
+    fun.__name__ = f"fuzz_case_{case.index}"
+    return fun
+
+
+def _arguments(case: Case) -> tuple:
+    leaves = case.program.random_inputs(case.data_seed)
+    if case.program.dtype == "int32":  # normals cast to int are mostly 0: spread them over -4..4
+        rng = np.random.default_rng(case.data_seed)
+        leaves = [rng.integers(-4, 5, x.shape).astype(np.int32) for x in leaves]
+    it = iter(jnp.asarray(x) for x in leaves)
+    first, *rest = [[next(it) for _ in range(k)] for k in case.tree]
+    return ({f"w{i}": x for i, x in enumerate(first)}, *rest)
+
+
+def _loss(fun: Callable[..., Any]) -> Callable[..., Any]:
+    """A scalar of fun's float results, weighted so that no two results' gradients coincide."""
+
+    def loss(*args: Any) -> Any:
+        out = jax.tree_util.tree_leaves(fun(*args))
+        return sum(jnp.sum(jnp.cos(v.astype(jnp.float32)) * (k + 1)) for k, v in enumerate(out))
+
+    return loss
+
+
+def _float_args(args: tuple) -> tuple[int, ...]:
+    """The positional arguments whose leaves are all floats (what grad may differentiate)."""
+    return tuple(
+        i
+        for i, a in enumerate(args)
+        if jax.tree_util.tree_leaves(a)
+        and all(jnp.issubdtype(x.dtype, jnp.floating) for x in jax.tree_util.tree_leaves(a))
+    )
+
+
+def _under(transform: str, fun: Callable[..., Any], args: tuple) -> Callable[..., Any]:
+    """fun under the transformation, as a function of the case's arguments."""
+    if transform == "jit":
+        return jax.jit(fun)
+    if transform == "vmap":  # over a new leading axis of every leaf
+        return jax.vmap(fun)
+    if transform == "grad":
+        return jax.grad(_loss(fun), argnums=_float_args(args))
+    if transform == "scan":  # called in a scan body, the arguments closed over
+        return lambda *a: lax.scan(lambda c, _: (c, fun(*a)), 0, None, length=2)[1]
+    return fun
+
+
+def _batched(args: tuple) -> tuple:
+    return jax.tree_util.tree_map(lambda x: jnp.stack([x, x[::-1] if x.ndim else -x]), args)
+
+
+def run_case(case: Case) -> Outcome:
+    """Run one case against jax.jit; never raises."""
+    start = time.perf_counter()
+    fun, args = _function(case), _arguments(case)
+    transform = case.transform
+    if transform == "grad" and not _float_args(args):
+        transform = "jit"
+    if transform == "vmap":
+        args = _batched(args)
+    limits = dataclasses.replace(FUZZ_LIMITS, guard_seconds=0.02) if case.guard else FUZZ_LIMITS
+    options: dict[str, Any] = dict(target=case.target, extractor=case.extractor, limits=limits)
+    try:
+        if transform == "optimize-grad":
+            reference_fn = jax.jit(jax.grad(_loss(fun), argnums=_float_args(args)))
+        else:
+            reference_fn = jax.jit(_under(transform, fun, args))
+        expected = reference_fn(*args)
+        eager = expected if transform in ("eager", "jit") else jax.jit(fun)(*_unbatched(args, transform))
+    except Exception as error:  # the transformation does not apply to this program (jax.jit's own refusal)
+        return Outcome(case, "invalid", f"{type(error).__name__}: {error}"[:300])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", EqsatWarning)
+        try:
+            fast, calls = _optimized_calls(fun, args, transform, options)
+            got: dict[str, Any] = {}
+            order = calls if case.first == "transformed" else calls[::-1]
+            for name, call in order:
+                got[name] = call()
+        except Exception as error:
+            detail = "".join(traceback.format_exception_only(error)).strip()
+            where = traceback.extract_tb(error.__traceback__)[-1]
+            return Outcome(case, "crash", f"{detail[:600]} (at {where.filename}:{where.lineno})", seconds=_since(start))
+    messages = [str(w.message) for w in caught if issubclass(w.category, EqsatWarning)]
+    fallback = any("differed from the original" in m for m in messages)
+    internal = [m for m in messages if "could not plan" in m]
+    rewritten = collections.Counter()
+    for entry in list(fast._cache.values()):
+        rewritten.update(entry.plan.rewritten_ops() if entry.plan.fallback is None else {})
+    outcome = Outcome(case, "ok", fallback=fallback, rewritten=dict(rewritten), seconds=0.0)
+    problems = [
+        _compare(reference_fn, args, expected, got["transformed"], "transformed call"),
+        _compare(jax.jit(fun), _unbatched(args, transform), eager, got["eager"], "eager call"),
+    ]
+    problem = next(filter(None, problems), None)
+    if internal:
+        outcome.status, outcome.detail = "internal", internal[0][:600]
+    elif problem:
+        outcome.status, outcome.detail = "mismatch", problem
+    outcome.seconds = _since(start)
+    return outcome
+
+
+def _unbatched(args: tuple, transform: str) -> tuple:
+    """The arguments of a plain call: under vmap, the first example of the batch."""
+    return jax.tree_util.tree_map(lambda x: x[0], args) if transform == "vmap" else args
+
+
+def _optimized_calls(
+    fun: Callable[..., Any], args: tuple, transform: str, options: dict[str, Any]
+) -> tuple[Any, list[tuple[str, Callable[[], Any]]]]:
+    """The optimized function and its two calls: under the transformation, and eagerly on plain arguments."""
+    plain = _unbatched(args, transform)
+    if transform == "optimize-grad":
+        grad_fn = optimize(jax.grad(_loss(fun), argnums=_float_args(args)), **options)
+        fast = optimize(fun, **options)
+        return grad_fn, [("transformed", lambda: grad_fn(*args)), ("eager", lambda: fast(*plain))]
+    if transform == "prepare":
+        fast = optimize(fun, params_argnums=0, **options)
+        return fast, [("transformed", lambda: fast.prepare(args[0])(*args[1:])), ("eager", lambda: fast(*plain))]
+    fast = optimize(fun, **options)
+    under = _under(transform, fast, args)
+    return fast, [("transformed", lambda: under(*args)), ("eager", lambda: fast(*plain))]
+
+
+def _compare(reference_fn: Callable[..., Any], args: tuple, expected: Any, got: Any, what: str) -> str | None:
+    """What differs between expected and got beyond validation's tolerance (and the original's own sensitivity to
+    its inputs' rounding), or None."""
+    want_tree, have_tree = jax.tree_util.tree_structure(expected), jax.tree_util.tree_structure(got)
+    if want_tree != have_tree:
+        return f"{what}: result tree {have_tree} instead of {want_tree}"
+    want = comparable(jax.tree_util.tree_leaves(expected))
+    have = comparable(jax.tree_util.tree_leaves(got))
+    if mismatch(want, have) is None:
+        return None
+    leaves, tree = jax.tree_util.tree_flatten(args)
+
+    def flat_reference(*xs: Any) -> list[Any]:
+        return jax.tree_util.tree_leaves(reference_fn(*jax.tree_util.tree_unflatten(tree, xs)))
+
+    wrong = beyond_conditioning(flat_reference, leaves, want, have)
+    return None if wrong is None else f"{what}: {wrong[1]}"
+
+
+def _since(start: float) -> float:
+    return time.perf_counter() - start
+
+
+def fuzz(
+    n: int, seed_value: int = 0, only: int | None = None, progress: Callable[[Outcome], None] | None = None
+) -> Summary:
+    """Run cases 0..n-1 of this seed (or only case `only`), each against jax.jit; returns what happened."""
+    start = time.perf_counter()
+    outcomes = []
+    try:
+        for index in range(n) if only is None else [only]:
+            outcomes.append(run_case(draw_case(seed_value, index)))
+            if progress is not None:
+                progress(outcomes[-1])
+            if index % 200 == 199:  # executables of finished cases: jax keeps them in caches of its own
+                jax.clear_caches()
+    except KeyboardInterrupt:  # stopped early: the summary of the cases that ran
+        pass
+    return Summary(seed_value, outcomes, time.perf_counter() - start)
