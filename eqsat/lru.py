@@ -28,7 +28,14 @@ class LRU(MutableMapping):
         return key in self._items
 
     def __iter__(self) -> Iterator[Hashable]:
-        return iter(self._items)
+        return iter(list(self._items))  # a snapshot: another thread may add an entry meanwhile
+
+    def values(self) -> list[Any]:  # type: ignore[override]
+        """The values, least recently used first; looking at them does not make them recent."""
+        return list(self._items.values())
+
+    def items(self) -> list[tuple[Hashable, Any]]:  # type: ignore[override]
+        return list(self._items.items())
 
     def __len__(self) -> int:
         return len(self._items)

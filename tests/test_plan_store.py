@@ -148,3 +148,13 @@ def test_a_validated_plan_is_not_validated_again(store_on):
     plan = again.plan(*args)
     assert plan.stats["stored_validated"] == 1.0 and not again._unvalidated
     np.testing.assert_allclose(again(*args), _chain(*args), rtol=2e-3, atol=1e-4)
+
+
+def test_the_signature_cache_can_be_listed_without_reordering_it():
+    from eqsat.lru import LRU
+
+    cache = LRU(2)
+    cache["a"], cache["b"] = 1, 2
+    assert cache.values() == [1, 2] and list(cache) == ["a", "b"]  # looking does not make an entry recent
+    cache["c"] = 3
+    assert list(cache) == ["b", "c"]
