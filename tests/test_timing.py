@@ -40,12 +40,15 @@ def test_kernel_choices_are_measured_once_and_kept(cache_dir):
     assert plan.stats["timing_measured"] == 2 and plan.stats["timing_hits"] == 0
     stored = timing.parse((cache_dir / "timing" / "cpu_cpu.json").read_text(), "cache")
     conv, shifted = stored.entries[_keys("Conv")], stored.entries[_keys("ShiftConv")]
-    # the plan follows what was measured (which side wins is load's call here; benches/kernels.py measures it)
-    margin = load_profile("cpu").switch_margin
-    assert (plan.rewritten_ops() == {"ShiftConv": 1}) is (shifted * margin < conv), (conv, shifted)
+    assert {_keys("Conv"), _keys("ShiftConv")} <= set(stored.entries)
+    # the plan follows what was measured (which side wins is load's call here; benches/kernels.py measures it); a
+    # kernel faster than a few calls' overhead is kept as None, priced by the roofline
+    if conv is not None and shifted is not None:
+        margin = load_profile("cpu").switch_margin
+        assert (plan.rewritten_ops() == {"ShiftConv": 1}) is (shifted * margin < conv), (conv, shifted)
     again = eqsat.optimize(lambda x, w: depthwise(x, w)).plan(X, W)
     assert again.stats["timing_measured"] == 0 and again.stats["timing_hits"] == 2
-    assert "1 of 1 measured" in again.summary()
+    assert "of 1 measured" in again.summary()  # 0 where the kernel ran faster than a few calls' overhead
 
 
 def test_measuring_can_be_switched_off(cache_dir):
