@@ -174,7 +174,7 @@ def _broadcast_to(graph: Graph, node: int, shape: tuple[int, ...]) -> int:
         dims, node = src.attrs[1], src.inputs[0]
     else:
         dims = tuple(range(len(shape)))
-    return graph.add(Node("Bcast", (node,), (tuple(shape), tuple(dims)), tuple(shape), src.dtype))
+    return graph.add(Node("Bcast", (node,), (tuple(map(int, shape)), tuple(map(int, dims))), tuple(shape), src.dtype))
 
 
 def _model_concat(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
@@ -236,7 +236,7 @@ def _model_reduce(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple
 def _model_bcast(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
     if eqn.params.get("sharding") is not None:
         return None
-    return "Bcast", (tuple(eqn.params["shape"]), tuple(eqn.params["broadcast_dimensions"])), inputs
+    return "Bcast", (tuple(map(int, eqn.params["shape"])), tuple(map(int, eqn.params["broadcast_dimensions"]))), inputs
 
 
 _NHWC, _HWIO = (0, 3, 1, 2), (3, 2, 0, 1)  # (batch, feature, spatial...) specs of NHWC and HWIO arrays

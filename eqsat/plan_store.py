@@ -142,12 +142,16 @@ def save(key: str, plan: Plan, profile: Profile, snapshot: Snapshot | None) -> N
     if not enabled():
         return
     keys = [w.key for w in wanted_nodes(snapshot)] if snapshot is not None else []
-    data: dict[str, Any] = {
-        "format": FORMAT,
-        "version": VERSION,
-        "timings": _timings_now(profile, keys),
-        "plan": plan_to_dict(plan),
-    }
+    try:
+        data: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "timings": _timings_now(profile, keys),
+            "plan": plan_to_dict(plan),
+        }
+    except (TypeError, ValueError) as error:  # a value the JSON format cannot hold: the plan is not kept
+        log.warning("eqsat: the plan is not kept across processes: %s", error)
+        return
     _write(key, data)
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from eqsat.extract.cost import Cost
 from eqsat.extract.plan import Plan, PlanNode
 from eqsat.extract.views import original_graph
@@ -185,6 +187,8 @@ def _fields_from_dict(cls: type, data: dict[str, Any], decode: dict[str, Callabl
 def _plain(value: Any) -> Any:
     if isinstance(value, str | int | float | bool | dict | type(None)):
         return value
+    if isinstance(value, np.generic):  # a numpy scalar among a primitive's parameters (an axis as np.int64)
+        return value.item()
     if isinstance(value, list):  # e.g. Plan.autotune's candidates: a list of plain dicts
         return [_plain(v) for v in value]
     raise TypeError(f"cannot save {value!r} of type {type(value).__name__} as JSON")

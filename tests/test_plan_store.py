@@ -158,3 +158,20 @@ def test_the_signature_cache_can_be_listed_without_reordering_it():
     assert cache.values() == [1, 2] and list(cache) == ["a", "b"]  # looking does not make an entry recent
     cache["c"] = 3
     assert list(cache) == ["b", "c"]
+
+
+def test_a_plan_whose_attributes_come_from_numpy_is_kept(tmp_path, monkeypatch):
+    # a folded broadcast's dimensions arrive as np.int64; a value JSON cannot hold must never make the plan fall back
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EQSAT_PLAN_STORE", "on")
+    import jax.numpy as jnp
+
+    import eqsat
+
+    def f(x, b):
+        return jnp.tanh(x + b[None, :, None]) @ jnp.ones((5, 3))
+
+    x, b = jnp.ones((2, 4, 5)), jnp.ones((4,))
+    plan = eqsat.optimize(f).plan(x, b)
+    assert plan.fallback is None
+    assert list((tmp_path / "plans").glob("*.json"))
