@@ -1,8 +1,10 @@
 """Command line: `python -m eqsat demo` optimizes the bundled examples and prints plans and measured speed-ups."""
 
 import argparse
+import os
 import signal
 import sys
+import time
 from typing import Any
 
 from eqsat.cli import add_optimize_command, add_tune_command
@@ -70,17 +72,21 @@ def fuzz(args: argparse.Namespace) -> int:
     from eqsat.fuzz import FAILURES, Outcome
     from eqsat.fuzz import fuzz as run_fuzz
 
+    done = [0]
+
     def report(outcome: Outcome) -> None:
         if outcome.status in FAILURES:
             print(f"{outcome.status} in case {outcome.case.index}: {outcome.detail[:200]}", flush=True)
-        if (outcome.case.index + 1) % args.every == 0:
-            print(f"{outcome.case.index + 1} cases", flush=True)
+        done[0] += 1
+        if done[0] % args.every == 0:
+            print(f"{done[0]} cases, {time.strftime('%H:%M:%S')}", flush=True)
 
     def stop(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
+    os.environ.setdefault("EQSAT_PLAN_STORE", "off")  # thousands of one-off programs: none is worth keeping
     signal.signal(signal.SIGTERM, stop)  # a long run stopped with kill still prints the summary of what ran
-    summary = run_fuzz(args.n, args.seed, args.only, progress=report)
+    summary = run_fuzz(args.n, args.seed, args.only, progress=report, jobs=args.jobs)
     print(summary.table())
     return 1 if summary.failures else 0
 
@@ -123,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=200, help="cases to run")
     p.add_argument("--seed", type=int, default=0, help="seed: case I of seed S is the same program everywhere")
     p.add_argument("--only", type=int, help="run only case ONLY of the seed (to reproduce a failure)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes the cases are spread over")
     p.add_argument("--every", type=int, default=100, help="print a progress line every EVERY cases")
     p.set_defaults(run=fuzz)
     args = parser.parse_args(argv)

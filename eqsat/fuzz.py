@@ -376,19 +376,48 @@ def _since(start: float) -> float:
     return time.perf_counter() - start
 
 
+def _run_index(seed_and_index: tuple[int, int]) -> tuple[int, str, str, bool, dict[str, int], float]:
+    """Case `index` of `seed`, run in a worker process; its outcome as plain values (the parent draws the case
+    again: drawing is deterministic and cheap, and a program does not cross processes)."""
+    seed_value, index = seed_and_index
+    o = run_case(draw_case(seed_value, index))
+    if index % 200 == 199:  # executables of finished cases: jax keeps them in caches of its own
+        jax.clear_caches()
+    return index, o.status, o.detail, o.fallback, o.rewritten, o.seconds
+
+
 def fuzz(
-    n: int, seed_value: int = 0, only: int | None = None, progress: Callable[[Outcome], None] | None = None
+    n: int,
+    seed_value: int = 0,
+    only: int | None = None,
+    progress: Callable[[Outcome], None] | None = None,
+    jobs: int = 1,
 ) -> Summary:
-    """Run cases 0..n-1 of this seed (or only case `only`), each against jax.jit; returns what happened."""
+    """Run cases 0..n-1 of this seed (or only case `only`), each against jax.jit, in `jobs` processes; returns
+    what happened, in case order."""
     start = time.perf_counter()
+    indices = range(n) if only is None else [only]
     outcomes = []
     try:
-        for index in range(n) if only is None else [only]:
-            outcomes.append(run_case(draw_case(seed_value, index)))
-            if progress is not None:
-                progress(outcomes[-1])
-            if index % 200 == 199:  # executables of finished cases: jax keeps them in caches of its own
-                jax.clear_caches()
+        if jobs <= 1:
+            results = map(_run_index, ((seed_value, i) for i in indices))
+            _collect(seed_value, results, progress, outcomes)
+        else:
+            import multiprocessing
+
+            with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+                results = pool.imap_unordered(_run_index, [(seed_value, i) for i in indices])
+                _collect(seed_value, results, progress, outcomes)
     except KeyboardInterrupt:  # stopped early: the summary of the cases that ran
         pass
-    return Summary(seed_value, outcomes, time.perf_counter() - start)
+    return Summary(seed_value, sorted(outcomes, key=lambda o: o.case.index), time.perf_counter() - start)
+
+
+def _collect(
+    seed_value: int, results: Any, progress: Callable[[Outcome], None] | None, outcomes: list[Outcome]
+) -> None:
+    """Append each result to outcomes as it arrives (what ran stays there when the run is stopped)."""
+    for index, status, detail, fallback, rewritten, seconds in results:
+        outcomes.append(Outcome(draw_case(seed_value, index), status, detail, fallback, rewritten, seconds))
+        if progress is not None:
+            progress(outcomes[-1])
