@@ -1,5 +1,6 @@
-"""A transformer block with data and tensor parallelism on an 8-device CPU mesh (2 data x 4 model), optimized and
-against jax.jit: output sharding, the collectives of both compiled programs, and the measured ratio.
+"""A token embedding and transformer block with data and tensor parallelism on an 8-device CPU mesh (2 data x 4
+model), optimized and against jax.jit: output sharding, the collectives of both compiled programs, and the
+measured ratio.
 
     python -m benches.sharded [--seconds 4]
 
@@ -25,7 +26,7 @@ import eqsat
 from eqsat.measure import compare
 from eqsat.sharding import collectives
 
-BATCH, SEQ, WIDTH, HEADS, HIDDEN = 8, 128, 256, 8, 1024
+BATCH, SEQ, WIDTH, HEADS, HIDDEN, VOCAB = 8, 128, 256, 8, 1024, 8192
 
 
 def _layernorm(x: Any) -> Any:
@@ -33,9 +34,11 @@ def _layernorm(x: Any) -> Any:
     return (x - mean) * jax.lax.rsqrt(jnp.mean((x - mean) ** 2, axis=-1, keepdims=True) + 1e-5)
 
 
-def block(p: dict[str, Any], x: Any) -> Any:
-    """Pre-norm attention and MLP; Q/K/V and the MLP's first layer split by columns over `model`, the output
-    projections by rows (Megatron's split), the batch over `data`."""
+def block(p: dict[str, Any], tokens: Any) -> Any:
+    """A one-hot embedding (the matmul form TPU codebases such as flaxformer use), then pre-norm attention and
+    MLP; Q/K/V and the MLP's first layer split by columns over `model`, the output projections by rows (Megatron's
+    split), the embedding table replicated, the batch over `data`."""
+    x = jax.nn.one_hot(tokens, VOCAB, dtype=jnp.float32) @ p["embed"]
     b, s, d = x.shape
     h = _layernorm(x)
     q, k, v = ((h @ p[w]).reshape(b, s, HEADS, d // HEADS) for w in ("wq", "wk", "wv"))
@@ -60,8 +63,10 @@ def sharded_inputs() -> tuple[dict[str, Any], Any]:
         w1=put((WIDTH, HIDDEN), columns),
         b1=put((HIDDEN,), P("model")),
         w2=put((HIDDEN, WIDTH), rows),
+        embed=put((VOCAB, WIDTH), P(None, None)),
     )
-    return params, put((BATCH, SEQ, WIDTH), P("data", None, None))
+    tokens = jnp.asarray(rng.integers(0, VOCAB, (BATCH, SEQ)), jnp.int32)
+    return params, jax.device_put(tokens, NamedSharding(mesh, P("data", None)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -649,13 +649,27 @@ class Optimized:
         return entry.mismatched
 
     def _keep_collectives(self, entry: _Entry, flat: list[Any]) -> None:
-        """The original runs where the plan, compiled for these arguments' shardings, has a collective more than
-        jax.jit's program (a merge along a sharded axis): sharded programs keep their communication."""
+        """Where the plan, compiled for these arguments' shardings, has a collective more than jax.jit's program
+        (a merge along a sharded axis), it is extracted again without new concatenations (no merge is made, the
+        other rewrites stay); if that one adds collectives too, the original runs: sharded programs keep their
+        communication."""
         with jax.ensure_compile_time_eval():
             added = added_collectives(entry.call, entry.original, flat)
+            saturated = self._saturated.get(entry.signature)
+            if added and saturated is not None and "Concat" in entry.plan.rewritten_ops():
+                _, _, graph, snapshot, *_ = saturated
+                unmerged = self._extract(graph, snapshot, entry.params, forbid=frozenset({"Concat"}))
+                if not self._nothing_to_gain(unmerged):
+                    call = jax.jit(_with_original_derivatives(lower(unmerged), entry.original))
+                    if not added_collectives(call, entry.original, flat):
+                        unmerged.stats.update({k: v for k, v in entry.plan.stats.items() if k not in unmerged.stats})
+                        unmerged.extraction["refused"] = _collectives_text(added) + " (merges not made)"
+                        entry.plan, entry.call = unmerged, call
+                        self._dispatch.reset()
+                        return
         if added:
             entry.call = entry.original
-            more = ", ".join(f"{n} {kind}" for kind, n in sorted(added.items()))
+            more = _collectives_text(added)
             entry.plan.fallback = f"the plan adds collectives that jax.jit's program lacks ({more}): the original runs"
             log.info("eqsat: %s: %s", getattr(self.fun, "__name__", "function"), entry.plan.fallback)
 
@@ -1005,6 +1019,10 @@ def _examples(signature: _Signature) -> list[Any]:
         x if explicit_sharding(aval) is None else jax.device_put(x, explicit_sharding(aval).spec)
         for x, aval in zip(examples, signature.avals, strict=True)
     ]
+
+
+def _collectives_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
 
 
 def _failure(name: str, error: Exception) -> str:

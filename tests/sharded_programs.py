@@ -51,6 +51,7 @@ def _case(fun: Callable[..., Any], args: tuple, traced: bool = False, **options:
         "rewritten": plan.rewritten_ops(),
         "bodies_rewritten": int(plan.stats.get("bodies_rewritten", 0)),
         "fallback": plan.fallback,
+        "refused": plan.extraction.get("refused", ""),
         "warnings": [str(w.message) for w in caught],
     }
 
@@ -90,6 +91,13 @@ def main() -> dict[str, Any]:
         return jnp.tanh(x @ w1) + jnp.tanh(x @ w2)
 
     out["merge_along_sharded_axis"] = _case(siblings, (x, w1, w2), target="h100")
+    # and a chain big enough to re-associate on the h100 profile, replicated
+    m, u = _array((1024, 1024), NamedSharding(grid, P())), _array((1024, 2), NamedSharding(grid, P()))
+
+    def siblings_and_chain(x: Any, w1: Any, w2: Any, m: Any, u: Any) -> Any:
+        return siblings(x, w1, w2) + jnp.sum((m @ m) @ u)
+
+    out["merge_refused_chain_kept"] = _case(siblings_and_chain, (x, w1, w2, m, u), target="h100")
 
     explicit = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
     with jax.set_mesh(explicit):

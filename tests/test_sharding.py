@@ -26,6 +26,7 @@ NAMES = [
     "shard_map_psum",
     "shard_map_psum_traced",
     "merge_along_sharded_axis",
+    "merge_refused_chain_kept",
     "explicit_args",
     "explicit_shard_map",
     "explicit_shard_map_traced",
@@ -54,6 +55,11 @@ def test_sharded_arguments_keep_their_rewrite(cases: dict[str, Any]) -> None:
 
 
 def test_a_merge_along_a_sharded_axis_is_not_made(cases: dict[str, Any]) -> None:
+    """The merge is extracted, adds collectives, and is not made: with nothing else to rewrite the original runs
+    (the plan says why), and beside a chain the plan without the merge runs, the chain re-associated."""
     case = cases["merge_along_sharded_axis"]
     assert case["rewritten"].get("Concat") and "adds collectives" in case["fallback"]
     assert case["collectives"][0] == {}
+    kept = cases["merge_refused_chain_kept"]
+    assert kept["fallback"] is None and "Concat" not in kept["rewritten"] and kept["rewritten"].get("Dot")
+    assert "all-to-all" in kept["refused"] or "collective-permute" in kept["refused"]
