@@ -3,6 +3,7 @@
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from eqsat.extract.plan import Plan
@@ -51,3 +52,20 @@ def weight_boundary(plan: Plan) -> list[int]:
         if not node.weight:
             boundary.update(j for j in node.inputs if plan.nodes[j].weight)
     return sorted(i for i in boundary if plan.nodes[i].op != "Var")  # Vars are at hand anyway
+
+
+def with_weights(plan: Plan, flat: list[Any]) -> tuple[Callable[..., list[Any]], list[Any]]:
+    """The plan as fn(*flat, *weights) and its weight-only values computed once on these arguments (none when no
+    parameters were declared: then no node is weight-only)."""
+    boundary = weight_boundary(plan)
+    weights = jax.jit(lower(plan, outputs=boundary))(*flat) if boundary else []
+    return lower(plan, given=boundary), weights
+
+
+def with_original_derivatives(
+    optimized: Callable[..., list[Any]], original: Callable[..., list[Any]]
+) -> Callable[..., list[Any]]:
+    """The optimized forward pass, differentiated as the original is (custom_jvp keeps grad and vmap exact)."""
+    wrapped = jax.custom_jvp(optimized)
+    wrapped.defjvp(lambda primals, tangents: jax.jvp(original, primals, tangents))
+    return wrapped

@@ -14,7 +14,7 @@ from typing import Any
 _HOMES = {
     "fit_budget": "eqsat.api",
     "Buckets": "eqsat.buckets",
-    "EqsatWarning": "eqsat.api",
+    "EqsatWarning": "eqsat.errors",
     "Optimized": "eqsat.api",
     "optimize": "eqsat.api",
     "CaptureError": "eqsat.errors",

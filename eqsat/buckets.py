@@ -58,9 +58,9 @@ class Bucketed:
         self._batched: dict[Any, list[bool]] = {}  # padded signature -> which result leaves carry the axis
         self._checked: set[int] = set()  # buckets whose padded program matched the unpadded one
         self._unpadded: set[int] = set()  # buckets that did not: their sizes run as they are
-        statics: dict[str, Any] = {"static_argnums": optimized.static_argnums}
-        if optimized.static_argnames:  # jax.jit refuses names, even (), for a function without a signature
-            statics["static_argnames"] = optimized.static_argnames
+        statics: dict[str, Any] = {"static_argnums": optimized.options.static_argnums}
+        if optimized.options.static_argnames:  # jax.jit refuses names, even (), for a function without a signature
+            statics["static_argnames"] = optimized.options.static_argnames
         self._original = jax.jit(optimized.fun, **statics)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -70,7 +70,7 @@ class Bucketed:
             return self.optimized(*args, **kwargs)
         padded = self._padded(args, size)
         out = self._sliced(self.optimized(*padded, **kwargs), padded, kwargs, n)
-        if size not in self._checked and self.optimized.validate and _concrete(args):
+        if size not in self._checked and self.optimized.options.validate and _concrete(args):
             self._checked.add(size)
             if not self._agrees(args, kwargs, out, size):
                 self._unpadded.add(size)

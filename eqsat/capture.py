@@ -17,17 +17,19 @@ from jax._src import source_info_util  # user_frame: the first frame outside jax
 from jax.core import ShapedArray
 from jax.extend import core as jcore
 
-from eqsat.ir import Graph, Node, Opaque, Where
+from eqsat.ir import Graph, Node, Opaque, Role, Variable, Where
 from eqsat.ops import captured_as
 
 INLINED = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call"}
 _INLINED_BODY_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 
-def capture(closed: jcore.ClosedJaxpr) -> Graph:
+def capture(closed: jcore.ClosedJaxpr, inputs: Sequence[Variable] = ()) -> Graph:
+    """The graph of a closed jaxpr; inputs: each flat input's role and path (by default arguments)."""
     graph = Graph()
     for i, var in enumerate(closed.jaxpr.invars):
         graph.inputs.append(graph.add(Node("Var", (), (f"x{i}",), _shape(var), _dtype(var))))
+        graph.variables[f"x{i}"] = inputs[i] if inputs else Variable()
     const_ids = [_const(graph, value) for value in closed.consts]
     graph.outputs = _capture_jaxpr(graph, closed.jaxpr, const_ids, graph.inputs)
     return graph
@@ -417,6 +419,7 @@ def _const(graph: Graph, value: Any) -> int:
     array = np.asarray(value)
     name = f"c{len(graph.consts)}"
     graph.consts[name] = array
+    graph.variables[name] = Variable(Role.CONSTANT)
     return graph.add(Node("Var", (), (name,), tuple(array.shape), str(array.dtype)))
 
 

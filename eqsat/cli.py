@@ -164,10 +164,10 @@ def _optimize(args: argparse.Namespace) -> int:
 
     import eqsat
     from eqsat import progress
-    from eqsat.api import _merge_params
     from eqsat.extract import html_report, report
     from eqsat.extract.cost import load_profile
     from eqsat.measure import compare
+    from eqsat.signature import merge_params
 
     try:
         load_profile(args.target)
@@ -208,7 +208,7 @@ def _optimize(args: argparse.Namespace) -> int:
             baseline = jax.jit(work.fn)
 
             def reference(*rest: Any) -> Any:  # jax.jit of the original, called as the prepared plan is
-                return baseline(*_merge_params(params_argnums, params, rest))
+                return baseline(*merge_params(params_argnums, params, rest))
 
             timing = compare(reference, call, call_args, seconds=args.measure)
     print(f"== {work.name}" + (f": {work.note}" if work.note else ""))

@@ -4,11 +4,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from eqsat.ir import Graph, Node
-from eqsat.ops import OPS
+from eqsat.ops import OPS, SORTS
 
 ANALYSIS = "analysis"  # ruleset of the shape and dtype analyses, saturated before every rewrite step
 # egglog functions and relations that hold facts about tensors, not tensors: not e-nodes of the program
-FACTS = ("shape", "dtype", "Orig", "sibling-first", "sibling-last", "scalar-value", "axes-checked", "axes-built")
+FACTS = (
+    "shape", "dtype", "Orig", "sibling-first", "sibling-last", "scalar-value", "axes-checked", "axes-built",
+    "distinct-before",
+)  # fmt: skip
 
 
 def prelude() -> str:
@@ -28,6 +31,8 @@ def prelude() -> str:
         "(relation axes-checked (Tensor i64 i64))",
         # shapes of any rank built axis by axis (Transpose's, Pad's, the pools'): the first i axes of e's shape
         "(function axes-built (Tensor i64) Shape :no-merge)",
+        # (distinct-before e i j): entry i of e's permutation differs from its entries 0..j-1 (Transpose's)
+        "(relation distinct-before (Tensor i64 i64))",
         # the value of a floating-point scalar constant (relu is max(x, 0.0)), for rules to match on
         "(function scalar-value (Tensor) f64 :merge (min old new))",
         f"(ruleset {ANALYSIS})",
@@ -57,7 +62,7 @@ def encode(graph: Graph) -> str:
         canonical.append(term_of.setdefault((node.op, node.attrs, tuple(canonical[j] for j in node.inputs)), i))
         lines.append(f"(let $eqsat_n{i} {_term(graph, node)})")
         if node.shape is not None:
-            lines.append(f"(set (shape $eqsat_n{i}) {_literal(node.shape)})")
+            lines.append(f"(set (shape $eqsat_n{i}) {SORTS['Shape'].to_egglog(node.shape)})")
             lines.append(f'(set (dtype $eqsat_n{i}) "{node.dtype}")')
         value = graph.consts.get(node.attrs[0]) if node.op == "Var" else None
         if value is not None and value.shape == () and jnp.issubdtype(value.dtype, jnp.floating) and np.isfinite(value):
@@ -82,23 +87,13 @@ def _merge_group(graph: Graph, node: Node, canonical: list[int]) -> tuple | None
 
 
 def _term(graph: Graph, node: Node) -> str:
-    if node.op == "Var":
-        return f'(Var "{node.attrs[0]}")'
-    if node.op == "Get":
-        return f"(Get $eqsat_n{node.inputs[0]} {node.attrs[0]})"
-    if node.op == "Op":
+    attrs = OPS[node.op].attrs_to_egglog(node.attrs)
+    if node.op == "Op":  # its inputs as a list
         args = "(TNil)"
         for i in reversed(node.inputs):
             args = f"(TCons $eqsat_n{i} {args})"
-        return f"(Op {node.attrs[0]} {args})"
-    parts = [_literal(a) for a in node.attrs] + [f"$eqsat_n{i}" for i in node.inputs]
+        return f"(Op {attrs[0]} {args})"
+    if node.op == "Get":  # its input before its attribute
+        return f"(Get $eqsat_n{node.inputs[0]} {attrs[0]})"
+    parts = attrs + [f"$eqsat_n{i}" for i in node.inputs]
     return f"({node.op} {' '.join(parts)})"
-
-
-def _literal(attr: object) -> str:
-    """An attribute as egglog text: integers as they are, strings quoted, tuples of integers as a Vec."""
-    if isinstance(attr, str):
-        return f'"{attr}"'
-    if isinstance(attr, tuple):
-        return f"(vec-of {' '.join(str(d) for d in attr)})" if attr else "(vec-empty)"
-    return str(attr)

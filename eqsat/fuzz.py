@@ -32,7 +32,8 @@ import numpy as np
 from hypothesis import strategies as st
 from jax import lax
 
-from eqsat.api import EqsatWarning, optimize
+from eqsat.api import optimize
+from eqsat.errors import EqsatWarning
 from eqsat.generators import generators
 from eqsat.program import Program
 from eqsat.saturate import Limits

@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,22 @@ class Opaque:
     primitive: Any
     params: dict[str, Any]
     multiple_results: bool
+
+
+class Role(StrEnum):
+    """What a Var of the graph stands for; decided once per flat input, when the signature is read."""
+
+    ARGUMENT = "argument"  # a leaf of an argument that changes from call to call
+    PARAMETER = "parameter"  # a leaf of a declared parameter (params_argnums): fixed across calls
+    CONSTANT = "constant"  # a value the program closes over
+
+
+@dataclass(frozen=True)
+class Variable:
+    """A Var's role and, for an input, its pytree path in the call (params.layers[0].wq)."""
+
+    role: Role = Role.ARGUMENT
+    path: str = ""
 
 
 @dataclass(frozen=True)
@@ -48,12 +65,26 @@ class Graph:
     opaque: list[Opaque] = field(default_factory=list)
     bodies_rewritten: int = 0  # opaque calls (scan, while, cond, remat) whose bodies eqsat re-planned
     where: dict[int, Where] = field(default_factory=dict)  # node -> its equation's place (helper nodes share it)
-    input_paths: dict[str, str] = field(default_factory=dict)  # input Var name -> pytree path: params.layers[0].wq
-    params: frozenset[str] = frozenset()  # input Var names of declared parameters (params_argnums)
+    variables: dict[str, Variable] = field(default_factory=dict)  # Var name -> its role and path
 
     def add(self, node: Node) -> int:
         self.nodes.append(node)
         return len(self.nodes) - 1
+
+    def variable(self, name: str) -> Variable:
+        return self.variables.get(name, Variable())
+
+    def input_variables(self) -> list[Variable]:
+        """Each flat input's role and path, in order."""
+        return [self.variable(self.nodes[i].attrs[0]) for i in self.inputs]
+
+    def weight_names(self) -> frozenset[str]:
+        """The Vars fixed across calls where parameters are declared (parameters and constants), else none: work
+        on them alone is what `prepare` runs once."""
+        roles = {name: v.role for name, v in self.variables.items()}
+        if Role.PARAMETER not in roles.values():
+            return frozenset()
+        return frozenset(name for name, role in roles.items() if role is not Role.ARGUMENT)
 
     def roots(self) -> list[int]:
         return [*self.outputs, *self.effects]

@@ -36,6 +36,46 @@ class CostClass(StrEnum):
     OPAQUE = "opaque"  # a primitive the table does not model: one pass over its data
 
 
+def _quoted(name: str) -> str:
+    if '"' in name or "\\" in name:
+        raise ValueError(f"an attribute string may not hold quotes or backslashes: {name!r}")
+    return f'"{name}"'
+
+
+@dataclass(frozen=True)
+class Sort:
+    """An attribute's egglog sort, and how a value of it is written to egglog, read back from a serialized e-graph's
+    literal (an int, a str, or a tuple of the ints a vec holds) and to and from JSON: every place that moves an
+    attribute goes through its sort."""
+
+    name: str
+    python: type
+    to_egglog: Callable[[Any], str]
+    to_json: Callable[[Any], Any]
+    from_json: Callable[[Any], Any]
+
+    def value(self, attr: Any) -> Any:
+        """attr as this sort's Python value (numpy integers are ints); a TypeError where it is not one."""
+        if self.python is int and isinstance(attr, int | np.integer) and not isinstance(attr, bool):
+            return int(attr)
+        if self.python is tuple and isinstance(attr, tuple | list):
+            return tuple(SORTS["i64"].value(d) for d in attr)
+        if self.python is str and isinstance(attr, str):
+            return attr
+        raise TypeError(f"{attr!r} is not a value of sort {self.name}")
+
+
+SORTS: dict[str, Sort] = {
+    sort.name: sort
+    for sort in (
+        Sort("i64", int, lambda v: str(int(v)), int, int),
+        Sort("String", str, _quoted, str, str),
+        Sort("Shape", tuple, lambda v: f"(vec-of {' '.join(str(int(d)) for d in v)})" if v else "(vec-empty)",
+             lambda v: [int(d) for d in v], tuple),
+    )
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class OpSpec:
     name: str  # egglog constructor name
@@ -62,6 +102,27 @@ class OpSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_class", CostClass(self.cost_class))
+        unknown = [sort for sort in self.attrs if sort not in SORTS]
+        if unknown:
+            raise ValueError(f"op {self.name}: attribute sort(s) {unknown} unknown; the sorts are {sorted(SORTS)}")
+
+    def sorts(self, attrs: tuple | list) -> list[Sort]:
+        if len(attrs) != len(self.attrs):
+            raise TypeError(f"{self.name} takes {len(self.attrs)} attribute(s) {self.attrs}, got {len(attrs)}")
+        return [SORTS[sort] for sort in self.attrs]
+
+    def attrs_to_egglog(self, attrs: tuple) -> list[str]:
+        return [sort.to_egglog(sort.value(a)) for sort, a in zip(self.sorts(attrs), attrs, strict=True)]
+
+    def attrs_of(self, values: tuple | list) -> tuple:
+        """Attributes as their sorts' Python values (read back from an e-graph, or given by a generator)."""
+        return tuple(sort.value(v) for sort, v in zip(self.sorts(values), values, strict=True))
+
+    def attrs_to_json(self, attrs: tuple) -> list[Any]:
+        return [sort.to_json(sort.value(a)) for sort, a in zip(self.sorts(attrs), attrs, strict=True)]
+
+    def attrs_from_json(self, values: list[Any]) -> tuple:
+        return tuple(sort.from_json(v) for sort, v in zip(self.sorts(values), values, strict=True))
 
     @property
     def structural(self) -> bool:
@@ -349,6 +410,17 @@ def _pool_shape_rules(name: str) -> tuple[str, ...]:
         "(= r (- (+ (vec-get sa i) (+ (vec-get k2 i) (vec-get k3 i))) (vec-get k0 i))) (>= r 0) (> (vec-get k1 i) 0)",
         "(+ (/ r (vec-get k1 i)) 1)",
     )
+
+
+# (distinct-before e i j) for Transpose's permutation k0, entry by entry: entry i is compared with the entries before
+# it one at a time, and entry i + 1 starts once entry i differs from all of them
+_PERMUTATION_RULES = (
+    "(rule ((= e (Transpose k0 a)) (> (vec-length k0) 0)) ((distinct-before e 0 0)))",
+    "(rule ((= e (Transpose k0 a)) (distinct-before e i i) (< (+ i 1) (vec-length k0)))"
+    " ((distinct-before e (+ i 1) 0)))",
+    "(rule ((= e (Transpose k0 a)) (distinct-before e i j) (< j i) (!= (vec-get k0 i) (vec-get k0 j)))"
+    " ((distinct-before e i (+ j 1))))",
+)
 
 
 def _axis_by_axis(pattern: str, whole: str, guard: str, dim: str) -> tuple[str, ...]:
@@ -647,10 +719,14 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             lambda attrs, a: lax.transpose(a, tuple(attrs[0])),
-            # each axis of the permutation in range (that no axis repeats is left to the lowering's type check)
+            # each axis of the permutation in range and unlike the ones before it
             _axis_by_axis(
-                "(Transpose k0 a)", "(= (vec-length k0) n)", "(= p (vec-get k0 i)) (>= p 0) (< p n)", "(vec-get sa p)"
-            ),
+                "(Transpose k0 a)",
+                "(= (vec-length k0) n)",
+                "(= p (vec-get k0 i)) (>= p 0) (< p n) (distinct-before e i i)",
+                "(vec-get sa p)",
+            )
+            + _PERMUTATION_RULES,
             ("transpose",),
         ),
         # (Pad low high a): zero padding of each axis, used by rules (enlarging a kernel), not captured

@@ -18,6 +18,7 @@ from eqsat.chains import CHAIN_RULE, FACTOR_RULE, alternatives
 from eqsat.encode import ANALYSIS, FACTS, encode, prelude
 from eqsat.errors import ShapeConflictError
 from eqsat.ir import Graph
+from eqsat.ops import OPS
 from eqsat.rule_sources import RuleSource, describe
 
 
@@ -216,6 +217,7 @@ def _snapshot(egraph: egg.EGraph) -> Snapshot:
             orig[int(literal[children[0]])] = raw[children[1]]["eclass"]
         elif not node_id.startswith("primitive-") and op not in FACTS:
             attrs = tuple(literal[c] for c in children if c in literal)
+            attrs = OPS[op].attrs_of(attrs) if op in OPS else attrs
             kids = tuple(raw[c]["eclass"] for c in children if c not in literal)
             nodes.append(ENode(op, node["eclass"], kids, attrs, bool(node.get("subsumed"))))
     return Snapshot(nodes, shape, dtype, orig, "", 0, 0.0)

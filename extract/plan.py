@@ -149,7 +149,7 @@ def build_plan(
     graph: Graph,
     snapshot: Snapshot,
     profile: Profile,
-    params: frozenset[str] = frozenset(),
+    prepared: bool = False,
     extractor: str = "auto",
     time_limit: float = Limits.extract_seconds,
     forbid: frozenset[str] = frozenset(),
@@ -157,14 +157,15 @@ def build_plan(
 ) -> Plan:
     """Extract the cheapest well-typed program; nodes whose lowering does not type-check are banned.
 
-    params: the Var names of declared parameters. Nodes computed from parameters and constants alone are
-    then free, since `prepare` runs them once. extractor: "greedy", "ilp" or "auto" (greedy, then the ILP
+    prepared: priced for `prepare`, which runs the nodes computed from parameters and constants alone once:
+    they are then free (where parameters are declared). extractor: "greedy", "ilp" or "auto" (greedy, then the ILP
     warm-started from it within time_limit seconds, keeping the cheaper). forbid: ops that may not appear
     rewritten (auto-tuning's way to draw distinct candidates). memory_weight: each value's bytes priced again,
     this many times, as memory (under a memory budget).
     """
     nodes = snapshot.nodes
-    weight = _weight_nodes(snapshot, params) if params else [False] * len(nodes)
+    weights = graph.weight_names() if prepared else frozenset()
+    weight = _weight_nodes(snapshot, weights) if weights else [False] * len(nodes)
 
     # a weight-only value bigger than its inputs (a broadcast bias) is kept once only when weight-only work
     # reads it; read per call, it is cheaper fused into its reader, so extraction does not price it as free
@@ -253,8 +254,8 @@ def _typechecks(node: ENode, snapshot: Snapshot) -> bool:
     )
 
 
-def _weight_nodes(snapshot: Snapshot, params: frozenset[str]) -> list[bool]:
-    """Which e-nodes compute from parameters and constants alone (a fixpoint over the e-graph)."""
+def _weight_nodes(snapshot: Snapshot, weights: frozenset[str]) -> list[bool]:
+    """Which e-nodes compute from the weight Vars alone (a fixpoint over the e-graph)."""
     nodes = snapshot.nodes
     weight = [False] * len(nodes)
     classes: set[str] = set()
@@ -264,11 +265,7 @@ def _weight_nodes(snapshot: Snapshot, params: frozenset[str]) -> list[bool]:
         for i, node in enumerate(nodes):
             if weight[i]:
                 continue
-            if node.op == "Var":
-                ok = node.attrs[0] in params or str(node.attrs[0]).startswith("c")
-            else:
-                ok = all(c in classes for c in node.children)
-            if ok:
+            if node.attrs[0] in weights if node.op == "Var" else all(c in classes for c in node.children):
                 weight[i], changed = True, True
                 classes.add(node.eclass)
     return weight

@@ -9,7 +9,7 @@ its inputs.
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from eqsat.ir import Graph, Where
+from eqsat.ir import Graph, Role, Where
 
 if TYPE_CHECKING:
     from eqsat.extract.plan import PlanNode
@@ -32,8 +32,8 @@ def attach(nodes: "list[PlanNode]", members: list[list[int]], graph: Graph) -> N
         node.scopes = tuple(dict.fromkeys(w.scope for w in places[k] if w.scope))
         node.sources = tuple(dict.fromkeys(w.source for w in places[k] if w.source))
         if node.op == "Var":
-            name = str(node.attrs[0])
-            node.path, node.param = graph.input_paths.get(name, ""), name in graph.params
+            variable = graph.variable(str(node.attrs[0]))
+            node.path, node.param = variable.path, variable.role is Role.PARAMETER
 
 
 def _union(places: Iterable[Where]) -> list[Where]:

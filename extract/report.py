@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ import numpy as np
 from eqsat.extract.cost import Cost
 from eqsat.extract.plan import Plan, PlanNode
 from eqsat.extract.views import original_graph
-from eqsat.ir import Graph, Node, Opaque, Shape, Where
+from eqsat.ir import Graph, Node, Opaque, Role, Shape, Variable, Where
+from eqsat.ops import OPS
 
 FORMAT = "eqsat-plan"
 VERSION = 2
@@ -120,13 +122,12 @@ def _cost_from_dict(d: dict[str, Any]) -> Cost:
     return Cost(_unnum(d["seconds"]), _unnum(d["flops"]), _unnum(d["bytes"]), d["kernels"])
 
 
-def _attrs_to_list(attrs: tuple[Any, ...]) -> list[Any]:
-    # an attribute may be a tuple (a shape, broadcast dimensions): JSON has lists, _attrs_from_list turns them back
-    return [_attrs_to_list(a) if isinstance(a, tuple) else _plain(a) for a in attrs]
+def _attrs_to_list(op: str, attrs: tuple[Any, ...]) -> list[Any]:
+    return OPS[op].attrs_to_json(attrs)  # written as their sorts say (a Shape as a list)
 
 
-def _attrs_from_list(attrs: list[Any]) -> tuple[Any, ...]:
-    return tuple(_attrs_from_list(a) if isinstance(a, list) else a for a in attrs)
+def _attrs_from_list(op: str, attrs: list[Any]) -> tuple[Any, ...]:
+    return OPS[op].attrs_from_json(attrs)
 
 
 def _shape_from(shape: list[int] | None) -> Shape | None:
@@ -137,11 +138,11 @@ def _shape_to(shape: Shape | None) -> list[int] | None:
     return None if shape is None else list(shape)
 
 
-# Field converters to and from JSON, by field name; a field not named here is a JSON scalar (str, number, bool,
-# None) or a dict of them, so a new simple field of Plan or PlanNode is saved without touching this module.
+# Field converters to and from JSON, by field name (a node's attributes by its op's sorts, added per node); a
+# field not named here is a JSON scalar (str, number, bool, None) or a dict of them, so a new simple field of Plan
+# or PlanNode is saved without touching this module.
 _NODE_ENCODE: dict[str, Callable[[Any], Any]] = {
     "inputs": list,
-    "attrs": _attrs_to_list,
     "shape": _shape_to,
     "cost": _cost_to_dict,
     "scopes": list,
@@ -149,14 +150,13 @@ _NODE_ENCODE: dict[str, Callable[[Any], Any]] = {
 }
 _NODE_DECODE: dict[str, Callable[[Any], Any]] = {
     "inputs": tuple,
-    "attrs": _attrs_from_list,
     "shape": _shape_from,
     "cost": _cost_from_dict,
     "scopes": tuple,
     "sources": tuple,
 }
 _PLAN_ENCODE: dict[str, Callable[[Any], Any]] = {
-    "nodes": lambda nodes: [_fields_to_dict(n, _NODE_ENCODE) for n in nodes],
+    "nodes": lambda nodes: [_fields_to_dict(n, _NODE_ENCODE | {"attrs": partial(_attrs_to_list, n.op)}) for n in nodes],
     "outputs": list,
     "effects": list,
     "predicted": _cost_to_dict,
@@ -166,7 +166,9 @@ _PLAN_ENCODE: dict[str, Callable[[Any], Any]] = {
     "original_seconds": lambda seconds: [_num(s) for s in seconds],
 }
 _PLAN_DECODE: dict[str, Callable[[Any], Any]] = {
-    "nodes": lambda nodes: [_fields_from_dict(PlanNode, n, _NODE_DECODE) for n in nodes],
+    "nodes": lambda nodes: [
+        _fields_from_dict(PlanNode, n, _NODE_DECODE | {"attrs": partial(_attrs_from_list, n["op"])}) for n in nodes
+    ],
     "predicted": _cost_from_dict,
     "original": _cost_from_dict,
     "stats": lambda stats: {k: _unnum(v) for k, v in stats.items()},
@@ -200,7 +202,7 @@ def _graph_to_dict(graph: Graph) -> dict[str, Any]:
             "op": n.op,
             "name": graph.op_name(n.op, n.attrs),  # for people reading the file; loading ignores it
             "inputs": list(n.inputs),
-            "attrs": _attrs_to_list(n.attrs),
+            "attrs": _attrs_to_list(n.op, n.attrs),
             "shape": None if n.shape is None else list(n.shape),
             "dtype": n.dtype,
             **({"scope": where.scope, "source": where.source} if (where := graph.where.get(i)) else {}),
@@ -214,15 +216,20 @@ def _graph_to_dict(graph: Graph) -> dict[str, Any]:
         "effects": list(graph.effects),
         "consts": sorted(graph.consts),  # names only: the values stay out of the file
         "opaque": [{"primitive": o.primitive.name, "multiple_results": o.multiple_results} for o in graph.opaque],
-        "input_paths": graph.input_paths,
-        "params": sorted(graph.params),
+        "variables": {name: [v.role.value, v.path] for name, v in graph.variables.items()},
     }
 
 
 def _graph_from_dict(d: dict[str, Any]) -> Graph:
     return Graph(
         nodes=[
-            Node(n["op"], tuple(n["inputs"]), _attrs_from_list(n["attrs"]), _shape_from(n["shape"]), n["dtype"])
+            Node(
+                n["op"],
+                tuple(n["inputs"]),
+                _attrs_from_list(n["op"], n["attrs"]),
+                _shape_from(n["shape"]),
+                n.get("dtype"),
+            )
             for n in d["nodes"]
         ],
         inputs=list(d["inputs"]),
@@ -230,6 +237,14 @@ def _graph_from_dict(d: dict[str, Any]) -> Graph:
         effects=list(d["effects"]),
         opaque=[Opaque(SavedPrimitive(o["primitive"]), {}, o["multiple_results"]) for o in d["opaque"]],
         where={i: Where(n["scope"], n["source"]) for i, n in enumerate(d["nodes"]) if "scope" in n},
-        input_paths=dict(d.get("input_paths", {})),
-        params=frozenset(d.get("params", ())),
+        variables=_variables_from(d),
     )
+
+
+def _variables_from(d: dict[str, Any]) -> dict[str, Variable]:
+    """Each Var's role and path; files before roles kept paths and parameter names apart (constants: "c...")."""
+    if "variables" in d:
+        return {name: Variable(Role(role), path) for name, (role, path) in d["variables"].items()}
+    paths, params = d.get("input_paths", {}), set(d.get("params", ()))
+    variables = {name: Variable(Role.PARAMETER if name in params else Role.ARGUMENT, p) for name, p in paths.items()}
+    return variables | {name: Variable(Role.CONSTANT) for name in d.get("consts", ())}

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from eqsat.extract.cost import Cost
-from eqsat.ir import Graph, Shape
+from eqsat.ir import Graph, Role, Shape
 
 if TYPE_CHECKING:  # plans are read here, never built: extract.plan imports this module for its summary
     from eqsat.extract.plan import Plan
@@ -88,8 +88,8 @@ def original_program(plan: "Plan") -> Program:
                 seconds=seconds[i] if i < len(seconds) else None,
                 scopes=(where.scope,) if where and where.scope else (),
                 sources=(where.source,) if where and where.source else (),
-                path=graph.input_paths.get(name, ""),
-                param=name in graph.params,
+                path=graph.variable(name).path,
+                param=graph.variable(name).role is Role.PARAMETER,
             )
         )
     return Program(nodes, tuple(index[i] for i in graph.outputs))

@@ -15,6 +15,7 @@ import pytest
 from jax import lax
 
 import eqsat
+from eqsat import planning
 from eqsat.__main__ import main
 from eqsat.extract import changes, report
 
@@ -173,7 +174,8 @@ def test_pure_callback():
 def test_rewrapping_a_function_plans_it_once(monkeypatch):
     """jax.jit(f)(x) inside a loop or a gradient: the plan is found again, as jax.jit finds its trace."""
     built = []
-    monkeypatch.setattr("eqsat.api.capture", lambda closed, real=eqsat.api.capture: built.append(1) or real(closed))
+    real = planning.capture
+    monkeypatch.setattr("eqsat.planning.capture", lambda *args: built.append(1) or real(*args))
 
     def f(a, v):
         return chain(a, v)
@@ -367,7 +369,7 @@ def test_a_failure_of_eqsats_own_machinery_warns_and_runs_the_original(monkeypat
     def broken(*_):
         raise RuntimeError("saturation broke")
 
-    monkeypatch.setattr("eqsat.api.saturate", broken)
+    monkeypatch.setattr("eqsat.planning.saturate", broken)
     fast = _fast()
     with pytest.warns(eqsat.EqsatWarning, match="could not plan chain.*saturation broke"):
         _close(fast(A, V), chain(A, V))

@@ -27,10 +27,13 @@ LAYERS: list[tuple[str, set[str]]] = [
     }),
     ("lowering", {"eqsat.backends", "eqsat.backends.lower"}),
     ("memory", {"eqsat.backends.memory"}),
-    # plans kept across processes are the report's JSON (eqsat.extract.report), read and written below the API
-    ("API", {
-        "eqsat.api", "eqsat.buckets", "eqsat.extract.report", "eqsat.plan_cache", "eqsat.plan_store", "eqsat.sharding",
+    # the pipeline of plain values, one signature at a time; plans kept across processes are the report's JSON
+    # (eqsat.extract.report), read and written here
+    ("planning", {
+        "eqsat.autotune", "eqsat.budget", "eqsat.extract.report", "eqsat.options", "eqsat.plan_cache",
+        "eqsat.plan_store", "eqsat.planning", "eqsat.sharding", "eqsat.signature", "eqsat.validate",
     }),
+    ("API", {"eqsat.api", "eqsat.buckets"}),
     ("tools", {
         "eqsat.__main__", "eqsat.cli", "eqsat.examples", "eqsat.extract.calibrate", "eqsat.extract.html_report",
         "eqsat.gen_algebra", "eqsat.gen_conv", "eqsat.generators", "eqsat.program", "eqsat.verify", "eqsat.versus",

@@ -70,8 +70,8 @@ def test_provenance_is_saved_and_loads_back(tmp_path):
     assert sorted(n.path for n in loaded.nodes if n.op == "Var") == ["params.w", "x"]
     assert any(n.scopes == ("block",) and n.sources for n in loaded.nodes)
     graph, original = report.original_graph(loaded), plan.graph
-    assert graph.where == original.where and graph.input_paths == original.input_paths
-    assert graph.params == original.params == frozenset({"x0"})
+    assert graph.where == original.where and graph.variables == original.variables
+    assert {n for n, v in graph.variables.items() if v.role == "parameter"} == {"x0"}
     assert loaded.original_seconds == plan.original_seconds and sum(plan.original_seconds) > 0
 
 

@@ -81,3 +81,11 @@ def test_no_rank_limit():
         None if (t := infer(op, attrs, avals)) is None else t[0] for op, attrs, avals in cases
     ]
     assert derived[0] is not None and len(derived[0]) == 8
+
+
+def test_a_transpose_whose_axes_repeat_gets_no_shape():
+    """A permutation names each axis once: (0, 0, 2) is in range but no permutation, and lax.transpose refuses it."""
+    shape = ((2, 3, 4), "float32")
+    cases = [("Transpose", ((p),), (shape,)) for p in [(2, 0, 1), (0, 0, 2), (1, 2, 1), (0, 1, 2, 3), (0,)]]
+    assert _egglog_shapes(cases) == [(4, 2, 3), None, None, None, None]
+    assert _egglog_shapes([("Transpose", ((),), (((), "float32"),))]) == [()]

@@ -1,0 +1,196 @@
+"""What optimize() was asked for, checked once and frozen: every later stage reads this value, none changes it.
+
+`checked(...)` checks what does not need the function (so that `@optimize(extractor="x")` fails where it is
+written); `resolve(fun, ...)` then resolves argument numbers and names against the function, as jax.jit does, loads
+the device profile and collects the rules.
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import jax
+from jax._src import api_util  # jax.jit's own argnums resolution
+
+from eqsat import rule_sources
+from eqsat.backends.memory import MEMORY_OPTIMIZED
+from eqsat.extract.cost import Profile, load_profile
+from eqsat.rule_sources import RuleSource
+from eqsat.saturate import Limits
+
+EXTRACTORS = ("greedy", "ilp", "auto")
+
+
+@dataclass(frozen=True)
+class Options:
+    """One optimize()'s settings, resolved against its function."""
+
+    target: str
+    profile: Profile
+    rules: tuple[RuleSource, ...]  # the built-in groups in use, then the user's, each checked
+    static_argnums: tuple[int, ...]
+    static_argnames: tuple[str, ...]
+    donate_argnums: tuple[int, ...]
+    donate_argnames: tuple[str, ...]
+    params_argnums: tuple[int, ...]
+    validate: bool
+    limits: Limits
+    extractor: str
+    autotune: int
+    memory_budget: int | None
+    cache_size: int
+    jit_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # passed to jax.jit
+
+    @property
+    def settings(self) -> tuple:
+        """What makes two optimize() of one function share their plans."""
+        rules = tuple((r.origin, r.text) for r in self.rules)
+        return (
+            self.target, rules, self.static_argnums, self.static_argnames, self.params_argnums, self.validate,
+            self.limits, self.extractor, self.autotune, self.memory_budget, self.cache_size,
+        )  # fmt: skip
+
+    @property
+    def store_settings(self) -> tuple:
+        """What decides a plan besides the program: part of the key plans are kept by across processes."""
+        rules = tuple((r.origin, r.text) for r in self.rules)
+        return (repr(self.profile), rules, self.limits, self.extractor, self.autotune, self.memory_budget)
+
+    def dispatch_options(self) -> dict[str, Any]:
+        """The options of the jax.jit that runs the plans: the user's, the argument numbers and names resolved,
+        and under a memory budget XLA:CPU's memory-optimized schedule (an option other backends do not take)."""
+        options = dict(self.jit_options, static_argnums=self.static_argnums, donate_argnums=self.donate_argnums)
+        if self.memory_budget is not None and jax.default_backend() == "cpu":
+            options["compiler_options"] = {**MEMORY_OPTIMIZED, **(options.get("compiler_options") or {})}
+        # names only where there are some: jax.jit refuses any, even (), for a function without a signature
+        names = (("static_argnames", self.static_argnames), ("donate_argnames", self.donate_argnames))
+        options.update({k: v for k, v in names if v})
+        return options
+
+
+def checked(
+    *,
+    target: str,
+    rules: Sequence[str | Path] | str | Path | None,
+    disabled_rules: Sequence[str],
+    params_argnums: int | Sequence[int],
+    limits: Limits | None,
+    extractor: str,
+    autotune: int,
+    cache_size: int,
+    **rest: Any,
+) -> dict[str, Any]:
+    """optimize()'s keyword arguments, those that can be checked without the function checked."""
+    if extractor not in EXTRACTORS:
+        raise ValueError(f"extractor must be 'greedy', 'ilp' or 'auto', got {extractor!r}")
+    if not isinstance(autotune, int) or isinstance(autotune, bool) or autotune < 0:
+        raise ValueError(f"autotune takes a number of candidate plans to measure (an int >= 0), got {autotune!r}")
+    if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
+        raise ValueError(f"cache_size takes how many signatures' plans to keep (an int >= 1), got {cache_size!r}")
+    return dict(
+        target=target,
+        rules=_checked_rules(rules),
+        disabled_rules=_names(disabled_rules, "disabled_rules", "rule group names such as ('algebra', 'fold')"),
+        params_argnums=as_tuple(params_argnums, "params_argnums"),
+        limits=checked_option(limits, Limits, "limits", "eqsat.Limits(iterations=..., nodes=..., seconds=...)"),
+        extractor=extractor,
+        autotune=autotune,
+        cache_size=cache_size,
+        **rest,
+    )
+
+
+def resolve(
+    fun: Callable[..., Any],
+    *,
+    target: str,
+    rules: Sequence[str | Path] | str | Path | None,
+    disabled_rules: tuple[str, ...],
+    static_argnums: int | Sequence[int] | None,
+    static_argnames: str | Sequence[str] | None,
+    donate_argnums: int | Sequence[int] | None,
+    donate_argnames: str | Sequence[str] | None,
+    params_argnums: tuple[int, ...],
+    validate: bool,
+    limits: Limits | None,
+    extractor: str,
+    autotune: int,
+    memory_budget: int | None,
+    cache_size: int,
+    jit_options: dict[str, Any],
+) -> Options:
+    """The options of optimize(fun, ...) (checked by `checked` first), resolved against fun."""
+    profile = load_profile(target)
+    collected = rule_sources.collect(rules, (*disabled_rules, *profile.disabled_rules))
+    # jax.jit's own resolution: names for numbers and numbers for names, checked against the signature
+    donate_argnums, donate_argnames, static_argnums, static_argnames = api_util.resolve_argnums(
+        fun, api_util.fun_signature(fun), donate_argnums, donate_argnames, static_argnums, static_argnames
+    )
+    params_argnums = _checked_argnums(fun, params_argnums, "params_argnums")
+    if set(params_argnums) & set(static_argnums):
+        raise ValueError(f"an argument cannot be both static and a parameter: {params_argnums}")
+    return Options(
+        target=target,
+        profile=profile,
+        rules=tuple(collected),
+        static_argnums=tuple(static_argnums),
+        static_argnames=tuple(static_argnames),
+        donate_argnums=tuple(donate_argnums),
+        donate_argnames=tuple(donate_argnames),
+        params_argnums=params_argnums,
+        validate=validate,
+        limits=limits or Limits(),
+        extractor=extractor,
+        autotune=autotune,
+        memory_budget=memory_budget,
+        cache_size=cache_size,
+        jit_options=MappingProxyType(dict(jit_options)),
+    )
+
+
+def _checked_rules(rules: Any) -> Any:
+    """rules= as given, once it is of a kind collect() reads: a path, egglog text, or a sequence of them."""
+    items = [rules] if isinstance(rules, str | Path) else rules
+    if rules is not None and not (isinstance(items, Sequence) and all(isinstance(r, str | Path) for r in items)):
+        raise TypeError(
+            f"rules takes rule file paths or egglog text (a str, a Path, or a list of them), got {rules!r:.80}"
+        )
+    if any(isinstance(r, str) and not r.strip() for r in items or ()):
+        raise ValueError(
+            "rules has an empty string; it takes rule file paths or egglog text such as '(rewrite (Add a b) (Add b a))'"
+        )
+    return rules
+
+
+def _names(value: Any, option: str, expected: str) -> tuple[str, ...]:
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{option} takes a sequence of {expected}, got {value!r:.80}")
+    return tuple(value)
+
+
+def checked_option(value: Any, kind: type, option: str, expected: str) -> Any:
+    """value, where it is None or of this kind; else a TypeError that names the option and what it takes."""
+    if value is not None and not isinstance(value, kind):
+        raise TypeError(f"{option} takes {expected}, got {type(value).__name__}: {value!r:.80}")
+    return value
+
+
+def _checked_argnums(fun: Callable[..., Any], argnums: tuple[int, ...], option: str) -> tuple[int, ...]:
+    """Argument numbers checked against fun's positional parameters, as jax.jit checks static_argnums."""
+    signature = api_util.fun_signature(fun)
+    if signature is None or any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values()):
+        return argnums
+    n = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in signature.parameters.values())
+    bad = [i for i in argnums if not -n <= i < n]
+    if bad:
+        raise ValueError(f"{option}={argnums} names argument(s) {bad}, but the function takes {n} positional")
+    return argnums
+
+
+def as_tuple(argnums: int | Sequence[int], option: str = "argnums") -> tuple[int, ...]:
+    argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    if not all(isinstance(i, int) for i in argnums):
+        raise TypeError(f"{option} takes an int or a sequence of ints, got {argnums!r:.80}")
+    return argnums

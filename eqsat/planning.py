@@ -1,0 +1,277 @@
+"""Planning, one signature at a time: capture -> optimize sub-program bodies -> saturate -> extract (-> auto-tune)
+-> an Entry that runs the plan, or the original where nothing pays.
+
+Plain values in and out: a function, its frozen Options and a Signature give an Entry. The wrapper
+(eqsat/api.py) calls this outside the trace of the jax.jit that runs the plans; capture traces the function on
+abstract values, so a plan can be built under any transformation of the caller.
+"""
+
+import logging
+import operator
+import threading
+import time
+import warnings
+from collections.abc import Callable, MutableMapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+from jax.extend import core as jcore
+
+from eqsat import plan_store, progress
+from eqsat.autotune import autotune
+from eqsat.backends.lower import lower, with_original_derivatives
+from eqsat.capture import capture
+from eqsat.errors import EqsatError, EqsatWarning
+from eqsat.extract.cost import Cost
+from eqsat.extract.plan import Plan, build_plan
+from eqsat.extract.timing import priced
+from eqsat.ir import Graph, Opaque
+from eqsat.options import Options
+from eqsat.rule_sources import RuleSource
+from eqsat.saturate import StopReason, saturate
+from eqsat.sharding import body_tracing
+from eqsat.signature import Signature, examples, flat_function, inputs_of, signature_of
+
+log = logging.getLogger("eqsat")
+
+_SUBPROGRAM_PARAMS = ("jaxpr", "cond_jaxpr", "body_jaxpr")  # sub-programs of scan, while, remat (cond: branches)
+
+
+@dataclass(eq=False)
+class Entry:
+    """One signature's plan and what runs: the optimized program, or the original."""
+
+    signature: Signature
+    plan: Plan
+    call: Callable[..., list[Any]]  # flat args -> flat results: the optimized program, or the original
+    original: Callable[..., list[Any]]  # the original, jitted, as the reference and the fallback
+    out_tree: Any
+    validated: bool
+    prepared: bool = False  # extracted for `prepare`: weight-only work priced as done once
+    # the original compiled for validation in the background while the caller's jax.jit compiles the plan
+    reference: Future | None = None
+    key: str | None = None  # where the plan is kept across processes (eqsat/plan_store.py)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held while validating: once, by one thread
+    mismatched: bool = False  # validation found the plan's results wrong: the original runs
+
+
+@dataclass(eq=False)
+class Saturated:
+    """A signature's capture and saturation, shared by both modes (direct calls and prepare)."""
+
+    flat_fun: Callable[..., list[Any]]
+    out_tree: Any
+    graph: Graph
+    snapshot: Any
+    capture_s: float
+    saturate_s: float
+    closed: jcore.ClosedJaxpr
+
+
+class Planner:
+    """Plans one function's signatures under one Options; `saturated` (signature -> Saturated) may be shared."""
+
+    def __init__(self, fun: Callable[..., Any], options: Options, saturated: MutableMapping) -> None:
+        self.fun, self.options, self.saturated = fun, options, saturated
+        self.name = getattr(fun, "__name__", repr(fun))
+
+    def build(self, signature: Signature, prepared: bool) -> Entry:
+        """Capture and saturate once per signature; extract and lower once per signature and mode.
+
+        An error in the user's function reaches the caller as it is; a failure of eqsat's own machinery after
+        that warns and runs the original."""
+        t0 = time.perf_counter()
+        if signature in self.saturated:
+            done = self.saturated[signature]
+            flat_fun, out_tree, closed = done.flat_fun, done.out_tree, done.closed
+        else:
+            flat_fun, out_tree_of = flat_function(self.fun, signature)
+            progress.begin("capture", f"capture {self.name}")
+            try:
+                closed = jax.make_jaxpr(flat_fun)(*signature.avals)
+            except Exception as error:
+                error.add_note(f"(raised while eqsat.optimize traced {self.name})")
+                raise
+            out_tree = out_tree_of()
+            if any(isinstance(c, jax.core.Tracer) for c in closed.consts):  # the plan could not hold them
+                why = f"{self.name} closes over values traced by an outer transformation"
+                return self.original_entry(signature, flat_fun, out_tree, why)
+        try:
+            key = self._store_key(closed, ("program", prepared))
+            stored = plan_store.load(key, self.options.profile) if key else None
+            if stored is not None:
+                stored.graph = self._graph(closed, signature)
+                stored.stats.update(stored=1.0, load_s=time.perf_counter() - t0)
+                return self._entry_of(signature, stored, flat_fun, out_tree, closed, prepared, key)
+            if signature not in self.saturated:
+                graph = self._graph(closed, signature)
+                t1 = time.perf_counter()
+                limits = self.options.limits
+                progress.begin("saturate", f"saturate {len(graph.nodes)} nodes", total=limits.iterations)
+                snapshot = saturate(graph, list(self.options.rules), limits)
+                saturate_s = time.perf_counter() - t1
+                self.saturated[signature] = Saturated(flat_fun, out_tree, graph, snapshot, t1 - t0, saturate_s, closed)
+            return self._plan_entry(signature, prepared, key, self.saturated[signature])
+        except EqsatError:  # a bad rule or a shape conflict: the user's to fix
+            raise
+        except Exception as error:  # eqsat's own failure: the original runs
+            why = _failure(self.name, error)
+            warnings.warn(f"{why}; running the original instead", EqsatWarning, stacklevel=6)
+            return self.original_entry(signature, jax.jit(flat_fun), out_tree, why)
+
+    def plan(self, args: tuple, kwargs: dict[str, Any] | None = None, prepared: bool = False) -> Plan:
+        """The plan for arguments of these shapes and dtypes, built afresh (not kept)."""
+        _, signature = signature_of(args, kwargs or {}, self.options.static_argnums, self.options.static_argnames)
+        return self.build(signature, prepared).plan
+
+    def extract(self, graph: Graph, snapshot: Any, prepared: bool, forbid: frozenset[str] = frozenset()) -> Plan:
+        """build_plan with this optimizer's target, extractor and budgets (a memory budget makes memory a cost)."""
+        options = self.options
+        memory_weight = 1.0 if options.memory_budget is not None else 0.0
+        profile, timing = priced(options.profile, snapshot, options.limits.measure_seconds)
+        plan = build_plan(
+            graph, snapshot, profile, prepared, options.extractor, options.limits.extract_seconds, forbid, memory_weight
+        )
+        plan.stats.update(timing)
+        return plan
+
+    def saturate(self, graph: Graph, rules: list[RuleSource]) -> Any:
+        return saturate(graph, rules, self.options.limits)
+
+    def nothing_to_gain(self, plan: Plan) -> bool:
+        """The original program, node for node, or one that differs only in what XLA does itself or nearly as
+        well: duplicates shared, weight-only work hoisted, for a predicted gain below the profile's min_gain. The
+        original's own weight-only work (x @ W.T's transpose) counts as a gain when prepared: XLA:CPU runs a
+        matrix-vector product with a transposed weight several times slower than with the weight transposed once."""
+        if plan.unchanged and not any(node.weight for node in plan.nodes):
+            return True
+        rewritten = plan.rewritten_ops() or plan.stats.get("bodies_rewritten")
+        return not rewritten and plan.predicted.seconds > plan.original.seconds * (1 - self.options.profile.min_gain)
+
+    def runner(self, plan: Plan, flat_fun: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
+        """The plan as a jitted function of the flat leaves, differentiated as the original is."""
+        return jax.jit(with_original_derivatives(lower(plan), flat_fun))
+
+    def original_entry(self, signature: Signature, call: Callable[..., Any], out_tree: Any, why: str) -> Entry:
+        """An entry that runs the original, with a plan of no nodes that says why."""
+        log.info("eqsat: %s; the original runs", why)
+        profile = self.options.profile.name
+        plan = Plan(profile, [], [], [], Cost(), Cost(), StopReason.NOT_PLANNED, fallback=why)
+        return Entry(signature, plan, call, call, out_tree, validated=True)
+
+    def _graph(self, closed: jcore.ClosedJaxpr, signature: Signature) -> Graph:
+        """The captured graph, each input with its role and path, its sub-program bodies optimized."""
+        graph = capture(closed, inputs_of(self.fun, signature, self.options.params_argnums))
+        self._optimize_bodies(graph)
+        return graph
+
+    def _store_key(self, closed: jcore.ClosedJaxpr, what: tuple) -> str | None:
+        """The key of this program's plan among those kept across processes; None where none are kept."""
+        if not plan_store.enabled():
+            return None
+        return plan_store.program_key(closed, (*self.options.store_settings, *what))
+
+    def _plan_entry(self, signature: Signature, prepared: bool, key: str | None, done: Saturated) -> Entry:
+        t2 = time.perf_counter()
+        options = self.options
+        progress.begin("extract", f"extract ({options.extractor}{', weights prepared' if prepared else ''})")
+        plan = self.extract(done.graph, done.snapshot, prepared)
+        extract_s = time.perf_counter() - t2 - plan.stats.get("measure_s", 0.0)  # measuring is reported apart
+        plan.stats.update(capture_s=done.capture_s, saturate_s=done.saturate_s, extract_s=extract_s)
+        log.info("eqsat: %s\n%s", self.name, plan.summary())
+        original = jax.jit(done.flat_fun)
+        if options.autotune and not self.nothing_to_gain(plan):
+            with jax.ensure_compile_time_eval():  # measured on examples, even while a caller's trace is active
+                flat = examples(signature)
+                plan = autotune(
+                    plan, lambda ban: self.extract(done.graph, done.snapshot, prepared, ban), flat, original,
+                    options.autotune,
+                )  # fmt: skip
+        if key:
+            plan_store.save(key, plan, options.profile, done.snapshot)
+        return self._entry_of(signature, plan, done.flat_fun, done.out_tree, done.closed, prepared, key, original)
+
+    def _entry_of(
+        self,
+        signature: Signature,
+        plan: Plan,
+        flat_fun: Callable[..., list[Any]],
+        out_tree: Any,
+        closed: jcore.ClosedJaxpr,
+        prepared: bool,
+        key: str | None,
+        original: Callable[..., list[Any]] | None = None,
+    ) -> Entry:
+        """The entry that runs a plan (extracted now or kept from another process), validated on first use."""
+        original = original or jax.jit(flat_fun)
+        if self.nothing_to_gain(plan) or plan.fallback:  # run the original program exactly as jax.jit would
+            return Entry(signature, plan, original, original, out_tree, validated=True, key=key)
+        # a kept plan that validation accepted in an earlier process is trusted as it is within one
+        validated = not self.options.validate or bool(plan.stats.get("stored_validated"))
+        reference = None if validated else _COMPILER.submit(_compiled_reference, closed)
+        call = self.runner(plan, flat_fun)
+        return Entry(signature, plan, call, original, out_tree, validated, prepared, reference, key)
+
+    def _optimize_bodies(self, graph: Graph) -> None:
+        """Optimize the bodies of scan, while, cond, remat and shard_map calls as programs of their own, in place."""
+        for k, call in enumerate(graph.opaque):
+            changed = {}
+            for name, value in call.params.items():
+                if name in _SUBPROGRAM_PARAMS and isinstance(value, jcore.Jaxpr | jcore.ClosedJaxpr):
+                    changed[name] = self._optimize_body(value, call)
+                elif name == "branches" and isinstance(value, tuple):
+                    branches = tuple(self._optimize_body(b, call) for b in value)
+                    # a new tuple of the same branches is no change (it made every cond look rewritten)
+                    changed[name] = value if all(map(operator.is_, branches, value)) else branches
+            changed = {name: v for name, v in changed.items() if v is not call.params[name]}
+            if changed:
+                graph.opaque[k] = Opaque(call.primitive, {**call.params, **changed}, call.multiple_results)
+                graph.bodies_rewritten += 1
+
+    def _optimize_body(self, body: Any, call: Opaque) -> Any:
+        """The body re-planned, or the body itself when nothing changed or the result would not fit in its place.
+
+        It is traced as its call traces it: a shard_map body within the mesh's manual axes (its collectives and
+        pvary name them), on its own input types (a value varying over an axis stays varying)."""
+        with body_tracing(call):
+            graph = capture(body)
+            self._optimize_bodies(graph)
+            key = self._store_key(body, ("body",)) if isinstance(body, jcore.ClosedJaxpr) else None
+            plan = plan_store.load(key, self.options.profile) if key else None
+            if plan is None:
+                snapshot = self.saturate(graph, list(self.options.rules))
+                plan = self.extract(graph, snapshot, prepared=False)
+                if key:
+                    plan_store.save(key, plan, self.options.profile, snapshot)
+            plan.graph = graph
+            if self.nothing_to_gain(plan):
+                return body
+            inner = body.jaxpr
+            new = jax.make_jaxpr(lower(plan))(*[v.aval for v in inner.invars])
+        same_type = [_type(v) for v in new.jaxpr.outvars] == [_type(v) for v in inner.outvars]
+        if not same_type or new.consts or inner.constvars:
+            return body
+        return new if isinstance(body, jcore.ClosedJaxpr) else new.jaxpr
+
+
+def _type(var: Any) -> Any:
+    """The type without its weak type (shape, dtype, the mesh axes a value varies over): what a loop, branch or
+    shard_map body must keep."""
+    return var.aval.strip_weak_type() if hasattr(var.aval, "strip_weak_type") else var.aval
+
+
+def _failure(name: str, error: Exception) -> str:
+    return f"eqsat could not plan {name} ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+
+
+# one thread compiles the originals that validation compares with, beside the caller's compile of the plan: XLA
+# releases the GIL while it compiles, so on two cores the two compiles overlap
+_COMPILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eqsat-reference")
+
+
+def _compiled_reference(closed: jcore.ClosedJaxpr) -> Any:
+    """The captured program compiled on its own: from the jaxpr, so no user code runs on this thread."""
+    avals = [v.aval for v in closed.jaxpr.invars]
+    return jax.jit(jcore.jaxpr_as_fun(closed)).lower(*avals).compile()

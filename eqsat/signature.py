@@ -1,0 +1,128 @@
+"""A call's signature, as jax.jit keys its traces, and what it says about each flat input.
+
+`signature_of` splits a call into its dynamic leaves and the Signature they and the static arguments make;
+`inputs_of` gives each flat leaf its role (argument or parameter) and pytree path once, and that tuple travels
+with the leaves from here to lowering (capture tags the graph's Vars with it; prepare orders leaves by it).
+"""
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+from jax.core import ShapedArray
+
+from eqsat.capture import input_paths
+from eqsat.ir import Role, Variable
+from eqsat.sample import example_like
+from eqsat.sharding import explicit_sharding
+
+
+class Signature(NamedTuple):
+    """What a plan is keyed by, as jax.jit keys its traces: the dynamic leaves' tree and abstract values, and the
+    static arguments by position or name, type and value (so 1, True and 1.0 get plans of their own)."""
+
+    n_args: int
+    tree: Any  # of (dynamic positional arguments, dynamic keyword arguments)
+    avals: tuple[Any, ...]
+    statics: tuple[tuple[int | str, type, Any], ...]
+
+
+def signature_of(
+    args: tuple, kwargs: dict[str, Any], static_argnums: tuple[int, ...], static_argnames: tuple[str, ...]
+) -> tuple[list[Any], Signature]:
+    """The dynamic leaves and the signature they and the static arguments make; static_argnums beyond the
+    arguments passed are ignored, as jax.jit ignores them."""
+    n = len(args)
+    static = {i % n for i in static_argnums if -n <= i < n}
+    statics = tuple((i, type(args[i]), args[i]) for i in sorted(static))
+    statics += tuple((k, type(v), v) for k, v in sorted(kwargs.items()) if k in static_argnames)
+    dynamic = (
+        [a for i, a in enumerate(args) if i not in static],
+        {k: v for k, v in kwargs.items() if k not in static_argnames},
+    )
+    flat, tree = jax.tree_util.tree_flatten(dynamic)
+    return flat, Signature(n, tree, tuple(abstract(x) for x in flat), statics)
+
+
+def inputs_of(fun: Callable[..., Any], signature: Signature, params_argnums: tuple[int, ...]) -> tuple[Variable, ...]:
+    """Each flat leaf's role (a leaf of a parameter argument, or an argument) and its pytree path in the call."""
+    positions = dynamic_positions(signature)
+    paths = input_paths(fun, signature.tree, positions)
+    indexed, _ = jax.tree_util.tree_unflatten(signature.tree, range(len(signature.avals)))
+    params = {i % signature.n_args for i in params_argnums} if signature.n_args else set()
+    of_params = {
+        j for pos, sub in zip(positions, indexed, strict=True) if pos in params for j in jax.tree_util.tree_leaves(sub)
+    }
+    return tuple(Variable(Role.PARAMETER if j in of_params else Role.ARGUMENT, path) for j, path in enumerate(paths))
+
+
+def dynamic_positions(signature: Signature) -> list[int]:
+    """The call's positions of the positional arguments in the signature's tree (static ones are not)."""
+    static = {k for k, _, _ in signature.statics if isinstance(k, int)}
+    return [i for i in range(signature.n_args) if i not in static]
+
+
+def flat_function(fun: Callable[..., Any], signature: Signature) -> tuple[Callable[..., list[Any]], Callable[[], Any]]:
+    """fun as a function of the flat dynamic leaves, and its output tree. Only the static values are closed over
+    (never an argument, which would keep it alive and, under a trace, leak it)."""
+    static = {k: v for k, _, v in signature.statics}
+    out_tree: dict[str, Any] = {}
+    try:  # the plans, shared and weakly keyed by fun, must not keep it alive
+        ref = weakref.ref(fun)
+    except TypeError:
+        ref = lambda: fun  # noqa: E731
+
+    def flat_fun(*leaves: Any) -> list[Any]:
+        args, kwargs = jax.tree_util.tree_unflatten(signature.tree, leaves)
+        dynamic = iter(args)
+        full = [static[i] if i in static else next(dynamic) for i in range(signature.n_args)]
+        named = {k: v for k, v in static.items() if isinstance(k, str)}
+        results, out_tree["tree"] = jax.tree_util.tree_flatten(ref()(*full, **kwargs, **named))
+        return results
+
+    return flat_fun, lambda: out_tree["tree"]
+
+
+def abstract(x: Any) -> Any:
+    """The abstract value jax.jit keys a leaf by (shape, dtype, weak type; a token's own type; the sharding over a
+    mesh of explicit axes, which is part of the type there), without the varying-axes annotations a trace adds."""
+    aval = x if isinstance(x, jax.ShapeDtypeStruct) else jax.typeof(x)
+    if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
+        return aval
+    weak_type = bool(getattr(aval, "weak_type", False))
+    sharding = explicit_sharding(aval)
+    if sharding is not None:
+        return ShapedArray(tuple(aval.shape), aval.dtype, weak_type=weak_type, sharding=sharding)
+    return ShapedArray(tuple(aval.shape), aval.dtype, weak_type=weak_type)
+
+
+def examples(signature: Signature) -> list[Any]:
+    """Examples of the signature's leaves, placed as their type says where it names an explicit sharding."""
+    found = [example_like(aval, i) for i, aval in enumerate(signature.avals)]
+    return [
+        x if explicit_sharding(aval) is None else jax.device_put(x, explicit_sharding(aval).spec)
+        for x, aval in zip(found, signature.avals, strict=True)
+    ]
+
+
+def concrete(leaves: Sequence[Any]) -> bool:
+    """Values, not tracers: what a plan can be compared on."""
+    values = all(isinstance(x, jax.Array | np.ndarray | np.generic | int | float | complex) for x in leaves)
+    return values and not any(isinstance(x, jax.core.Tracer) for x in leaves)
+
+
+def aval_key(x: Any) -> tuple:
+    """Shape and dtype of an argument leaf, cheaply for arrays (this runs on every prepared call)."""
+    if isinstance(x, jax.Array | np.ndarray):
+        return x.shape, x.dtype
+    return np.shape(x), jax.numpy.result_type(x)
+
+
+def merge_params(positions: tuple[int, ...], params: tuple, rest: tuple) -> tuple:
+    """The full argument tuple with the parameters at their positions and the rest in order around them."""
+    n = len(params) + len(rest)
+    given = {p % n: v for p, v in zip(positions, params, strict=True)}
+    others = iter(rest)
+    return tuple(given[i] if i in given else next(others) for i in range(n))

@@ -1,0 +1,162 @@
+"""Validation of one entry's plan before it is kept: its results against the original's (on a mismatch, the rules
+to blame, and the original runs), its collectives against jax.jit's on sharded arguments, and its time against the
+original's (Limits.guard_seconds).
+
+Each check changes only the entry (what runs, and what its plan records); the wrapper (eqsat/api.py) decides when
+to run them and rebuilds its dispatch where what runs changed.
+"""
+
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from eqsat import guard, plan_store, progress, rule_sources
+from eqsat.backends.lower import lower
+from eqsat.egraph_check import check_egraph
+from eqsat.errors import EqsatWarning
+from eqsat.planning import Entry, Planner
+from eqsat.sharding import added_collectives
+from eqsat.tolerance import beyond_conditioning, comparable, differs
+
+log = logging.getLogger("eqsat")
+
+
+def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | None) -> None:
+    """Compare the plan's results on flat (`got`, where the caller has them) with the original's; on a mismatch
+    find the rules involved, warn, and run the original."""
+    progress.begin("validate", "validate: compile and compare with the original")
+    with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
+        expected = comparable(_reference_results(entry, flat))
+        entry.reference = None  # an executable of its own: not kept once compared
+        got = comparable(entry.call(*flat) if got is None else got)
+    wrong = next(((k, p) for k, p in enumerate(map(differs, range(len(got)), expected, got)) if p), None)
+    if wrong is not None:
+        with jax.ensure_compile_time_eval():
+            wrong = beyond_conditioning(entry.original, flat, expected, got)
+    if wrong is None:
+        if entry.key:
+            plan_store.mark_validated(entry.key)
+        return
+    k, problem = wrong
+    progress.begin("validate", "validate: finding the rules the mismatch depends on")
+    with jax.ensure_compile_time_eval():
+        entry.plan.blamed, exact = blame(planner, entry, flat, k, expected[k])
+    where = rule_sources.rule_locations(list(planner.options.rules))
+    suspects = ", ".join(f"{name} ({where[name]})" if name in where else name for name in entry.plan.blamed)
+    suspects = (suspects or "none found") + ("" if exact else " (narrowing stopped by its time budget)")
+    entry.plan.fallback = f"optimized result differed from the original ({problem}); rules involved: {suspects}"
+    if entry.key:  # a later process runs the original at once
+        plan_store.save(entry.key, entry.plan, planner.options.profile, None)
+    warnings.warn(
+        f"eqsat: the optimized {planner.name} differed from the original ({problem}); running the original "
+        f"instead. Rules involved: {suspects}.",
+        EqsatWarning,
+        stacklevel=5,
+    )
+    entry.call, entry.mismatched = entry.original, True
+
+
+def blame(planner: Planner, entry: Entry, flat: list[Any], k: int, want: Any) -> tuple[list[str], bool]:
+    """The fired rules result k's mismatch depends on, and whether the search finished within its budget
+    (Limits.blame_seconds; else a superset).
+
+    First a 1-minimal set of rules that reproduces the mismatch, re-planning from the original graph with
+    subsets of the fired rules: each rule alone, the user's first (one unsound rule is the usual case), then
+    each rule dropped in turn where the mismatch stays without it. Some rules in that set may only make the
+    wrong plan pay (a re-association that makes dropping an op worthwhile): of them, those whose e-graph,
+    saturated with the rule alone, has an e-node disagreeing with its e-class on these arguments are the
+    ones named, where there are any."""
+    graph, fired = entry.plan.graph, list(entry.plan.rules_fired)
+    rules = list(planner.options.rules)
+    deadline = time.perf_counter() + planner.options.limits.blame_seconds
+    builtin = set(rule_sources.builtin_groups())
+    order = {name: src.name in builtin for src in rules for name in rule_sources.rule_names(src)}
+    fired.sort(key=lambda name: (order.get(name, True), name))
+
+    def saturated(names: list[str]) -> Any:
+        keep = set(names)
+        return planner.saturate(graph, rule_sources.keeping(rules, lambda rule: bool(keep & set(rule))))
+
+    def reproduces(names: list[str]) -> bool:
+        try:
+            plan = planner.extract(graph, saturated(names), entry.prepared)
+            have = comparable(jax.jit(lower(plan))(*flat))[k]
+            return not planner.nothing_to_gain(plan) and differs(k, want, have) is not None
+        except Exception:  # a subset may fail in its own way (a shape conflict): not this mismatch
+            return False
+
+    def unsound(name: str) -> bool:
+        try:
+            return bool(check_egraph(graph, saturated([name]), flat, real=True))
+        except Exception:
+            return False
+
+    suspects = next(([name] for name in fired if time.perf_counter() < deadline and reproduces([name])), None)
+    if suspects is None:
+        suspects = list(fired)
+        for name in fired:
+            if time.perf_counter() >= deadline:
+                return suspects, False
+            rest = [r for r in suspects if r != name]
+            if rest and reproduces(rest):
+                suspects = rest
+    wrong = [name for name in suspects if time.perf_counter() < deadline and unsound(name)]
+    return wrong or suspects, time.perf_counter() < deadline
+
+
+def keep_collectives(planner: Planner, entry: Entry, flat: list[Any]) -> bool:
+    """Where the plan, compiled for these arguments' shardings, has a collective more than jax.jit's program
+    (a merge along a sharded axis), it is extracted again without new concatenations (no merge is made, the
+    other rewrites stay); if that one adds collectives too, the original runs: sharded programs keep their
+    communication. Returns whether what runs changed."""
+    with jax.ensure_compile_time_eval():
+        added = added_collectives(entry.call, entry.original, flat)
+        done = planner.saturated.get(entry.signature)
+        if added and done is not None and "Concat" in entry.plan.rewritten_ops():
+            unmerged = planner.extract(done.graph, done.snapshot, entry.prepared, forbid=frozenset({"Concat"}))
+            if not planner.nothing_to_gain(unmerged):
+                call = planner.runner(unmerged, done.flat_fun)
+                if not added_collectives(call, entry.original, flat):
+                    unmerged.stats.update({k: v for k, v in entry.plan.stats.items() if k not in unmerged.stats})
+                    unmerged.extraction["refused"] = _collectives_text(added) + " (merges not made)"
+                    entry.plan, entry.call = unmerged, call
+                    return True
+    if not added:
+        return False
+    entry.call = entry.original
+    more = _collectives_text(added)
+    entry.plan.fallback = f"the plan adds collectives that jax.jit's program lacks ({more}): the original runs"
+    log.info("eqsat: %s: %s", planner.name, entry.plan.fallback)
+    return True
+
+
+def timed(planner: Planner, entry: Entry, optimized: Callable[[], Any], original: Callable[[], Any]) -> bool:
+    """Whether the plan is kept after timing it against the original within Limits.guard_seconds (once per
+    plan; the plan records what was measured, and where it is not kept, why the original runs)."""
+    if entry.plan.measured is None:
+        progress.begin("measure", "measure the plan against the original")
+        with jax.ensure_compile_time_eval():
+            entry.plan.measured = guard.measure(original, optimized, planner.options.limits.guard_seconds)
+        if not entry.plan.measured["kept"]:
+            entry.plan.fallback = guard.describe(entry.plan.measured)
+            log.info("eqsat: %s: %s", planner.name, entry.plan.fallback)
+    return entry.plan.measured["kept"]
+
+
+def _reference_results(entry: Entry, flat: list[Any]) -> list[Any]:
+    """The original's results for flat: from the executable compiled in the background where it is ready to take
+    these arguments, else from the original through jax.jit."""
+    if entry.reference is not None:
+        try:
+            return list(entry.reference.result()(*flat))
+        except Exception:  # it did not compile, or takes other arguments (a weak type, a committed device)
+            log.debug("eqsat: the background reference did not run; compiling the original", exc_info=True)
+    return entry.original(*flat)
+
+
+def _collectives_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
