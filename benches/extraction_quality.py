@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         gap = f"{(chosen - ilp_cost) / ilp_cost * 100:6.2f} %" if optimal else "  (not proven)"
         print(
             f"{name:<14} e-nodes {len(snapshot.nodes):6d}  chosen {chosen:.6e}  ilp {ilp_cost:.6e}  "
-            f"optimal {optimal!s:<5}  gap {gap}  ({report['method']})",
+            f"optimal {optimal!s:<5}  gap {gap}  ({report.method})",
             flush=True,
         )
         largest = max(largest, (len(snapshot.nodes), (snapshot.nodes, costs)), key=lambda t: t[0])

@@ -122,7 +122,7 @@ def keep_collectives(planner: Planner, entry: Entry, flat: list[Any]) -> bool:
                 call = planner.runner(unmerged, done.flat_fun)
                 if not added_collectives(call, entry.original, flat):
                     unmerged.stats.update({k: v for k, v in entry.plan.stats.items() if k not in unmerged.stats})
-                    unmerged.extraction["refused"] = _collectives_text(added) + " (merges not made)"
+                    unmerged.extraction.refused = _collectives_text(added) + " (merges not made)"
                     entry.plan, entry.call = unmerged, call
                     return True
     if not added:

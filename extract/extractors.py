@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from typing import Any
+from dataclasses import dataclass
 
 from eqsat.extract.dag import dag_cost, reachable
 from eqsat.extract.greedy import greedy_dag
@@ -152,6 +152,23 @@ def share(
     return dag.choice
 
 
+@dataclass
+class ExtractionReport:
+    """How a plan was extracted: the method whose choice it is, each method's DAG cost and time, whether the ILP
+    proved its choice optimal; plan building adds the type-check bans and what the collectives check refused."""
+
+    method: str
+    greedy_cost: float | None = None  # greedy's choice alone
+    shared_cost: float | None = None  # after the sharing pass
+    greedy_s: float | None = None
+    ilp_cost: float | None = None
+    ilp_s: float | None = None
+    optimal: bool = False
+    baseline_cost: float | None = None  # the original program's, where it was an option
+    typecheck_bans: int = 0  # chosen nodes whose lowering did not type-check (the shape rules should make it 0)
+    refused: str = ""  # collectives a first plan added (its merges then not made)
+
+
 def extract(
     nodes: list[ENode],
     costs: list[float],
@@ -160,7 +177,7 @@ def extract(
     time_limit: float = Limits.extract_seconds,
     baseline: dict[str, int] | None = None,
     min_gain: float = 0.0,
-) -> tuple[dict[str, int], dict[str, Any]]:
+) -> tuple[dict[str, int], ExtractionReport]:
     """The chosen node per e-class reachable from the roots, and a report: the method whose choice it is, each
     method's DAG cost and time, and whether the ILP proved its choice optimal. "auto" runs greedy and then the ILP,
     warm-started with greedy's choice and bounded by time_limit seconds, and keeps the cheaper. A baseline choice
@@ -168,8 +185,7 @@ def extract(
     from, since it judges each e-class alone."""
     if method not in METHODS:
         raise ValueError(f"unknown extraction method {method!r}; expected one of {METHODS}")
-    report: dict[str, Any] = {"method": method, "greedy_cost": None, "greedy_s": None}
-    report |= {"ilp_cost": None, "ilp_s": None, "optimal": False}
+    report = ExtractionReport(method)
     choice: dict[str, int] | None = None
     if method in ("greedy", "auto"):
         start = time.perf_counter()
@@ -177,21 +193,21 @@ def extract(
         missing = [r for r in roots if r not in everything]
         if missing:  # greedy extracts every class that has an acyclic finite choice, so none exists
             raise ValueError(f"no finite acyclic choice exists for e-classes {missing}")
-        report["greedy_cost"] = dag_cost(nodes, costs, everything, roots)
+        report.greedy_cost = dag_cost(nodes, costs, everything, roots)
         shared = share(nodes, costs, everything, roots, seconds=time_limit)
         choice = {c: shared[c] for c in reachable(nodes, shared, roots)}
-        report["greedy_s"] = time.perf_counter() - start
-        report["shared_cost"] = dag_cost(nodes, costs, choice, roots)
-        report["method"] = "greedy+share" if report["shared_cost"] < report["greedy_cost"] else "greedy"
+        report.greedy_s = time.perf_counter() - start
+        report.shared_cost = dag_cost(nodes, costs, choice, roots)
+        report.method = "greedy+share" if report.shared_cost < report.greedy_cost else "greedy"
     if method == "ilp" or (method == "auto" and len(nodes) <= AUTO_ILP_MAX_NODES):
         from eqsat.extract.ilp import ilp_extract  # only here: it imports scipy (0.5 s)
 
         start = time.perf_counter()
-        ilp_choice, ilp_cost, report["optimal"] = ilp_extract(nodes, costs, roots, time_limit, warm_start=choice)
-        report["ilp_s"] = time.perf_counter() - start
-        report["ilp_cost"] = ilp_cost
-        if choice is None or ilp_cost < report["shared_cost"]:
-            choice, report["method"] = ilp_choice, "ilp"
+        ilp_choice, ilp_cost, report.optimal = ilp_extract(nodes, costs, roots, time_limit, warm_start=choice)
+        report.ilp_s = time.perf_counter() - start
+        report.ilp_cost = ilp_cost
+        if choice is None or ilp_cost < report.shared_cost:
+            choice, report.method = ilp_choice, "ilp"
     assert choice is not None
     if baseline is not None:
         try:
@@ -199,7 +215,7 @@ def extract(
         except ValueError:  # a baseline node was banned (ill-typed): it cannot be kept
             baseline_cost = math.inf
         if math.isfinite(baseline_cost):  # subsumed (replaced) original nodes make it infinite: not an option
-            report["baseline_cost"] = baseline_cost
+            report.baseline_cost = baseline_cost
         if baseline_cost * (1 - min_gain) <= dag_cost(nodes, costs, choice, roots):
-            choice, report["method"] = {c: baseline[c] for c in reachable(nodes, baseline, roots)}, "original"
+            choice, report.method = {c: baseline[c] for c in reachable(nodes, baseline, roots)}, "original"
     return choice, report

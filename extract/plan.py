@@ -9,7 +9,7 @@ from eqsat import guard
 from eqsat.extract import changes, provenance
 from eqsat.extract.cost import Cost, Profile, node_cost, value_bytes
 from eqsat.extract.dag import reachable
-from eqsat.extract.extractors import extract
+from eqsat.extract.extractors import ExtractionReport, extract
 from eqsat.extract.timing import measurable
 from eqsat.extract.views import original_graph
 from eqsat.ir import Graph, Shape
@@ -53,7 +53,7 @@ class Plan:
     # a plan loaded from disk: its original program's saved sketch (graph stays None: it cannot run)
     saved_original: Graph | None = field(default=None, repr=False, compare=False)
     fallback: str | None = None  # why the original program runs instead, if it does
-    extraction: dict[str, Any] = field(default_factory=dict)  # method chosen, greedy / ILP costs, optimality
+    extraction: ExtractionReport = field(default_factory=lambda: ExtractionReport("none"))
     memory: "MemoryReport | None" = field(default=None, repr=False, compare=False)  # Optimized.memory() fills it
     autotune: list[dict[str, Any]] = field(default_factory=list)  # candidates: label, predicted and measured s
     blamed: list[str] | None = None  # after a failed validation: the rules the mismatching result depends on
@@ -191,7 +191,8 @@ def build_plan(
     else:
         raise RuntimeError("extraction kept choosing ill-typed nodes")
     plan = _assemble(graph, snapshot, profile, weight, free, choice, order, kept)
-    plan.extraction = {k: v for k, v in report.items() if v is not None} | {"typecheck_bans": bans}
+    report.typecheck_bans = bans
+    plan.extraction = report
     return plan
 
 

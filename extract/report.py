@@ -9,7 +9,7 @@ times; version 1 files load with those empty.
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from eqsat.extract.cost import Cost
+from eqsat.extract.extractors import ExtractionReport
 from eqsat.extract.plan import Plan, PlanNode
 from eqsat.extract.views import original_graph
 from eqsat.ir import Graph, Node, Opaque, Role, Shape, Variable, Where
@@ -164,6 +165,7 @@ _PLAN_ENCODE: dict[str, Callable[[Any], Any]] = {
     "stats": lambda stats: {k: _num(v) for k, v in stats.items()},
     "rules_fired": dict,
     "original_seconds": lambda seconds: [_num(s) for s in seconds],
+    "extraction": lambda report: {k: _num(v) if isinstance(v, float) else v for k, v in asdict(report).items()},
 }
 _PLAN_DECODE: dict[str, Callable[[Any], Any]] = {
     "nodes": lambda nodes: [
@@ -173,6 +175,10 @@ _PLAN_DECODE: dict[str, Callable[[Any], Any]] = {
     "original": _cost_from_dict,
     "stats": lambda stats: {k: _unnum(v) for k, v in stats.items()},
     "original_seconds": lambda seconds: [_unnum(s) for s in seconds],
+    # files before the report was typed kept only the fields that were set
+    "extraction": lambda d: ExtractionReport(
+        **{"method": "none", **{k: _unnum(v) if k.endswith("_cost") else v for k, v in d.items()}}
+    ),
 }
 
 

@@ -178,7 +178,7 @@ def test_targets_plan_and_run_here(target):
 def test_extractors_agree_on_the_examples(extractor):
     work = WORKLOADS["matmul_chain"]("small")
     plan = eqsat.optimize(work.fn, extractor=extractor).plan(*work.args)
-    assert plan.extraction["method"] in {"greedy", "greedy+share", "ilp"}
+    assert plan.extraction.method in {"greedy", "greedy+share", "ilp"}
     assert plan.rewritten_ops().get("Dot") == 2
 
 

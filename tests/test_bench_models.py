@@ -108,4 +108,4 @@ def test_plans_need_no_typecheck_bans(name: str):
     # that its type check must ban
     w = MODELS[name]("small")
     plan = eqsat.optimize(w.fn, params_argnums=w.params_argnums).plan(*w.args)
-    assert plan.fallback is None and plan.extraction["typecheck_bans"] == 0
+    assert plan.fallback is None and plan.extraction.typecheck_bans == 0

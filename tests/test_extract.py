@@ -78,7 +78,7 @@ def test_ilp_is_optimal_and_greedy_valid(graph: tuple[list[ENode], list[float], 
 
     auto, report = extract(nodes, costs, roots, method="auto")
     assert dag_cost(nodes, costs, auto, roots) == pytest.approx(best, abs=1e-9)
-    assert report["ilp_cost"] <= report["greedy_cost"] + 1e-9
+    assert report.ilp_cost <= report.greedy_cost + 1e-9
 
 
 def sharing_trap() -> tuple[list[ENode], list[float], list[str]]:
@@ -103,8 +103,8 @@ def test_greedy_misses_sharing_that_ilp_finds() -> None:
     assert (cost, proven) == (6.5, True)
     assert choice == {"root": 0, "a": 2, "b": 4, "s": 5}
     _, report = extract(nodes, costs, roots)
-    assert report["optimal"] and report["method"] == "greedy+share"  # the sharing pass finds what greedy missed
-    assert (report["greedy_cost"], report["shared_cost"], report["ilp_cost"]) == (7.0, 6.5, 6.5)
+    assert report.optimal and report.method == "greedy+share"  # the sharing pass finds what greedy missed
+    assert (report.greedy_cost, report.shared_cost, report.ilp_cost) == (7.0, 6.5, 6.5)
 
 
 def test_ilp_falls_back_to_the_warm_start_when_out_of_time() -> None:
