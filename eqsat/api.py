@@ -1,9 +1,11 @@
 """The public API: optimize() wraps a function like jax.jit; each input signature gets its own plan.
 
 The wrapper is jax.jit's dispatch, a signature cache, validation and fallback. A call goes to jax.jit; where
-jax.jit must trace a signature not planned yet, the trace stops (_Unplanned), the plan is built outside it by the
-pipeline (eqsat/planning.py: capture -> saturate -> extract -> lower) and the call runs again. A plan's first use
-validates it (eqsat/validate.py).
+jax.jit traces a signature not planned yet, the pipeline (eqsat/planning.py: capture -> saturate -> extract ->
+lower) builds its plan from the signature's abstract values under jax's eval context, so planning never sees the
+trace (stopping the trace and calling again instead was measured to cost jax.jit's C++ fast path: a signature whose
+first trace raised stays on the Python path, 150-200 us a call). A plan's first use validates it
+(eqsat/validate.py).
 """
 
 import functools
@@ -22,7 +24,6 @@ from eqsat.backends.lower import with_weights
 from eqsat.backends.memory import BudgetReport, MemoryReport, memory_report
 from eqsat.buckets import Bucketed, Buckets
 from eqsat.budget import check_budget
-from eqsat.errors import EqsatError
 from eqsat.extract.plan import Plan
 from eqsat.ir import Role
 from eqsat.options import Options, checked, checked_option, resolve
@@ -31,19 +32,6 @@ from eqsat.planning import Entry, Planner
 from eqsat.saturate import Limits
 from eqsat.sharding import partitioned
 from eqsat.signature import Signature, aval_key, concrete, examples, merge_params, signature_of
-
-_RETRIES = 4  # plans built for a signature that other threads' new signatures evicted before it ran
-
-
-class _Unplanned(EqsatError):
-    """Raised in the dispatch's trace for a signature without a plan: the plan is built outside the trace."""
-
-    def __init__(self, signature: Signature, cache_size: int) -> None:
-        super().__init__(
-            f"eqsat: a plan was evicted from the signature cache (cache_size={cache_size}) by other threads' new "
-            "signatures before it could run; raise cache_size"
-        )
-        self.signature = signature
 
 
 class _Dispatch:
@@ -100,11 +88,10 @@ class Optimized:
         # a plan not validated yet may run in this call, even one another thread builds while it runs (jax.jit's
         # trace cache is shared): then the call settles its signature's plan
         unsettled, builds = bool(self._plans.unchecked), self._plans.builds
-        call = lambda run: run(*args, **kwargs)  # noqa: E731
-        out = self._run(call)  # the fast path: nothing more once a signature is planned
+        out = self._dispatch.run(*args, **kwargs)  # the fast path: nothing more once a signature is planned
         raced = unsettled or builds != self._plans.builds
         if raced or self._plans.unchecked or self._unvalidated or self._unbudgeted:
-            return self._settle(call, args, kwargs, out, results=out, raced=raced)
+            return self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out, raced=raced)
         return out
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -192,31 +179,19 @@ class Optimized:
         return lambda _rest, leaves: jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, weights))
 
     def _traced(self, *args: Any, **kwargs: Any) -> Any:
-        """The body jax.jit traces: look up the plan for these abstract values and inline it (a signature not
-        planned yet stops the trace, and the plan is built outside it)."""
+        """The body jax.jit traces: look up (or build) the plan for these abstract values and inline it."""
         flat, signature = self._signature(args, kwargs)
-        entry = self._cache.get((signature, False))
-        if entry is None:
-            raise _Unplanned(signature, self.options.cache_size)
-        self._owe(entry)
+        with jax.core.eval_context():  # planning runs on plain values, outside this trace
+            entry = self._entry(signature)
         if self._dispatch.donates and entry in self._unvalidated:  # the arguments are gone after the call
             self._unvalidated.remove(entry)
             self._validate(entry)
         return jax.tree_util.tree_unflatten(entry.out_tree, entry.call(*flat))
 
-    def _run(self, stage: Callable[[Any], Any]) -> Any:
-        """stage(jax.jit object), with the plan of a signature it finds unplanned built outside its trace."""
-        for _ in range(_RETRIES):
-            try:
-                return stage(self._dispatch.run)
-            except _Unplanned as missing:
-                self._entry(missing.signature)
-        return stage(self._dispatch.run)
-
     def _checked(self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         """stage(jax.jit object): a call, trace or lowering, then settled."""
         unsettled, builds = bool(self._plans.unchecked), self._plans.builds
-        out = self._run(stage)
+        out = stage(self._dispatch.run)
         return self._settle(stage, args, kwargs, out, raced=unsettled or builds != self._plans.builds)
 
     def _settle(
@@ -257,7 +232,7 @@ class Optimized:
             [self._validate(e, flat if m else None, got if m else None) for e, m in zip(pending, mine, strict=True)]
         ):
             self._dispatch.reset()
-            out = self._run(stage)
+            out = stage(self._dispatch.run)
         return out
 
     def plan(self, *args: Any, prepared: bool | None = None, **kwargs: Any) -> Plan:
