@@ -49,7 +49,7 @@ class Sort:
     attribute goes through its sort."""
 
     name: str
-    python: type
+    python: type  # also reads a value back from a serialized e-graph's literal (int, str, tuple of ints)
     to_egglog: Callable[[Any], str]
     to_json: Callable[[Any], Any]
     from_json: Callable[[Any], Any]
@@ -111,12 +111,12 @@ class OpSpec:
             raise TypeError(f"{self.name} takes {len(self.attrs)} attribute(s) {self.attrs}, got {len(attrs)}")
         return [SORTS[sort] for sort in self.attrs]
 
+    def attrs_from_egraph(self, values: tuple) -> tuple:
+        """Attributes read back from a serialized e-graph (once per e-node, so without the checks of `value`)."""
+        return tuple(sort.python(v) for sort, v in zip(self.sorts(values), values, strict=True))
+
     def attrs_to_egglog(self, attrs: tuple) -> list[str]:
         return [sort.to_egglog(sort.value(a)) for sort, a in zip(self.sorts(attrs), attrs, strict=True)]
-
-    def attrs_of(self, values: tuple | list) -> tuple:
-        """Attributes as their sorts' Python values (read back from an e-graph, or given by a generator)."""
-        return tuple(sort.value(v) for sort, v in zip(self.sorts(values), values, strict=True))
 
     def attrs_to_json(self, attrs: tuple) -> list[Any]:
         return [sort.to_json(sort.value(a)) for sort, a in zip(self.sorts(attrs), attrs, strict=True)]

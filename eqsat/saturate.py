@@ -217,7 +217,7 @@ def _snapshot(egraph: egg.EGraph) -> Snapshot:
             orig[int(literal[children[0]])] = raw[children[1]]["eclass"]
         elif not node_id.startswith("primitive-") and op not in FACTS:
             attrs = tuple(literal[c] for c in children if c in literal)
-            attrs = OPS[op].attrs_of(attrs) if op in OPS else attrs
+            attrs = OPS[op].attrs_from_egraph(attrs) if op in OPS else attrs
             kids = tuple(raw[c]["eclass"] for c in children if c not in literal)
             nodes.append(ENode(op, node["eclass"], kids, attrs, bool(node.get("subsumed"))))
     return Snapshot(nodes, shape, dtype, orig, "", 0, 0.0)

@@ -193,17 +193,23 @@ def wanted_nodes(snapshot: Snapshot) -> list[Wanted]:
     ShiftConv), with known shapes. Other kernels keep the roofline: a single kernel without rivals is priced the
     same in every candidate plan, and on a loaded machine a small kernel's measurement is mostly noise."""
     by_class: dict[str, set[str]] = {}
-    items: list[tuple[str, Wanted]] = []
+    items: list[tuple] = []  # (e-class, e-node, input shapes, dtype)
     for node in snapshot.nodes:
+        if not measurable(node.op) or node.subsumed:  # before any shape lookup: most nodes are not kernels
+            continue
         in_shapes = tuple(snapshot.shape.get(c) for c in node.children)
         dtype = snapshot.dtype.get(node.eclass)
-        if not measurable(node.op) or node.subsumed or dtype is None or any(s is None for s in in_shapes):
+        if dtype is None or any(s is None for s in in_shapes):
             continue
         by_class.setdefault(node.eclass, set()).add(node.op)
-        key = node_key(node.op, tuple(node.attrs), list(in_shapes), dtype)
-        in_dtypes = tuple(snapshot.dtype.get(c) or dtype for c in node.children)
-        items.append((node.eclass, Wanted(key, node.op, tuple(node.attrs), in_shapes, dtype, in_dtypes)))
-    return [w for eclass, w in items if len(by_class[eclass]) > 1]
+        items.append((node.eclass, node, in_shapes, dtype))
+    wanted = []
+    for eclass, node, in_shapes, dtype in items:
+        if len(by_class[eclass]) > 1:  # keys only for the choices
+            key = node_key(node.op, tuple(node.attrs), list(in_shapes), dtype)
+            in_dtypes = tuple(snapshot.dtype.get(c) or dtype for c in node.children)
+            wanted.append(Wanted(key, node.op, tuple(node.attrs), in_shapes, dtype, in_dtypes))
+    return wanted
 
 
 def priced(profile: Profile, snapshot: Snapshot, budget: float) -> tuple[Profile, dict[str, float]]:
