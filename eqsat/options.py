@@ -44,19 +44,21 @@ class Options:
     jit_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # passed to jax.jit
 
     @property
+    def rule_texts(self) -> tuple[tuple[str, str], ...]:
+        return tuple((r.origin, r.text) for r in self.rules)
+
+    @property
     def settings(self) -> tuple:
         """What makes two optimize() of one function share their plans."""
-        rules = tuple((r.origin, r.text) for r in self.rules)
         return (
-            self.target, rules, self.static_argnums, self.static_argnames, self.params_argnums, self.validate,
+            self.target, self.rule_texts, self.static_argnums, self.static_argnames, self.params_argnums, self.validate,
             self.limits, self.extractor, self.autotune, self.memory_budget, self.cache_size,
         )  # fmt: skip
 
     @property
     def store_settings(self) -> tuple:
         """What decides a plan besides the program: part of the key plans are kept by across processes."""
-        rules = tuple((r.origin, r.text) for r in self.rules)
-        return (repr(self.profile), rules, self.limits, self.extractor, self.autotune, self.memory_budget)
+        return (repr(self.profile), self.rule_texts, self.limits, self.extractor, self.autotune, self.memory_budget)
 
     def dispatch_options(self) -> dict[str, Any]:
         """The options of the jax.jit that runs the plans: the user's, the argument numbers and names resolved,

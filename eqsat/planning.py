@@ -108,9 +108,9 @@ class Planner:
             if signature not in self.saturated:
                 graph = self._graph(closed, signature)
                 t1 = time.perf_counter()
-                limits = self.options.limits
-                progress.begin("saturate", f"saturate {len(graph.nodes)} nodes", total=limits.iterations)
-                snapshot = saturate(graph, list(self.options.rules), limits)
+                iterations = self.options.limits.iterations
+                progress.begin("saturate", f"saturate {len(graph.nodes)} nodes", total=iterations)
+                snapshot = self.saturate(graph, list(self.options.rules))
                 saturate_s = time.perf_counter() - t1
                 self.saturated[signature] = Saturated(flat_fun, out_tree, graph, snapshot, t1 - t0, saturate_s, closed)
             return self._plan_entry(signature, prepared, key, self.saturated[signature])
