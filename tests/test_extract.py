@@ -152,8 +152,9 @@ def test_greedy_is_fast_on_20k_nodes() -> None:
 @settings(max_examples=200, deadline=None)
 @given(egraphs(), st.randoms(use_true_random=False))
 def test_incremental_dag_cost_matches_a_full_walk(graph, rng) -> None:
-    """The sharing pass prices switches by reference counts (_Dag); once settled (checked by a full walk, which
-    also collects a dropped cycle that kept its own references), its total is the DAG cost."""
+    """The sharing pass prices switches by reference counts (_Dag) and checks each for cycles from the classes it
+    changed: a switch it accepts is acyclic and reaches exactly the classes it counts, at the DAG cost a full walk
+    finds; one it refuses is cyclic, or holds a cycle cut off from the roots."""
     from eqsat.extract.extractors import _Dag
 
     nodes, costs, roots = graph
@@ -166,10 +167,18 @@ def test_incremental_dag_cost_matches_a_full_walk(graph, rng) -> None:
     for _ in range(5):
         switch = {nodes[i].eclass: i for i in rng.sample(finite, min(len(finite), rng.randint(1, 3)))}
         try:
-            trial = dag.switched(switch).settled()
+            switched = dag.switched(switch)
         except ValueError:  # a reached class without a node: the pass skips these
             continue
-        if trial is None:  # cyclic
+        trial = switched.settled()
+        try:
+            walked = set(reachable(nodes, switched.choice, roots))
+        except ValueError:  # cyclic
+            assert trial is None
             continue
+        if trial is None:  # a cycle among the counted classes that no root reaches
+            assert set(switched.counted) != walked
+            continue
+        assert set(trial.counted) == walked
         assert math.isclose(trial.total, dag_cost(nodes, costs, trial.choice, roots), abs_tol=1e-9)
         dag = trial
