@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -136,12 +137,12 @@ def load(key: str, profile: Profile) -> Plan | None:
     return plan
 
 
-def save(key: str, plan: Plan, profile: Profile, snapshot: Snapshot | None) -> None:
-    """Store the plan under its key, with the measured kernel times it was priced by (a failure to write is
-    logged, never raised: the plan in memory is what runs)."""
+def save(key: str, plan: Plan, profile: Profile, snapshots: Sequence[Snapshot] = ()) -> None:
+    """Store the plan under its key, with the measured kernel times it was priced by, those of the e-graphs it was
+    extracted from (a failure to write is logged, never raised: the plan in memory is what runs)."""
     if not enabled():
         return
-    keys = [w.key for w in wanted_nodes(snapshot)] if snapshot is not None else []
+    keys = [w.key for snapshot in snapshots for w in wanted_nodes(snapshot)]
     try:
         data: dict[str, Any] = {
             "format": FORMAT,

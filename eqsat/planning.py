@@ -19,7 +19,7 @@ from typing import Any
 import jax
 from jax.extend import core as jcore
 
-from eqsat import plan_store, progress
+from eqsat import plan_store, progress, repeats
 from eqsat.autotune import autotune
 from eqsat.backends.lower import lower, with_original_derivatives
 from eqsat.capture import capture
@@ -30,7 +30,7 @@ from eqsat.extract.timing import priced
 from eqsat.ir import Graph, Opaque
 from eqsat.options import Options
 from eqsat.rule_sources import RuleSource
-from eqsat.saturate import StopReason, saturate
+from eqsat.saturate import Snapshot, StopReason, saturate
 from eqsat.sharding import body_tracing
 from eqsat.signature import Signature, examples, flat_function, inputs_of, signature_of
 
@@ -126,19 +126,40 @@ class Planner:
         _, signature = signature_of(args, kwargs or {}, self.options.static_argnums, self.options.static_argnames)
         return self.build(signature, prepared).plan
 
-    def extract(self, graph: Graph, snapshot: Any, prepared: bool, forbid: frozenset[str] = frozenset()) -> Plan:
-        """build_plan with this optimizer's target, extractor and budgets (a memory budget makes memory a cost)."""
+    def extract(
+        self,
+        graph: Graph,
+        snapshot: Snapshot | repeats.Repeated,
+        prepared: bool,
+        forbid: frozenset[str] = frozenset(),
+        seconds: float | None = None,
+    ) -> Plan:
+        """build_plan with this optimizer's target, extractor and budgets (a memory budget makes memory a cost).
+        seconds: the extractors' time, by default the limits' extract_seconds."""
         options = self.options
+        seconds = options.limits.extract_seconds if seconds is None else seconds
+        if isinstance(snapshot, repeats.Repeated):  # each part alone, in a share of the time by its size; composed
+            parts, pieces = snapshot.parts, repeats.snapshots(snapshot)
+            total = sum(len(piece.nodes) for piece in pieces)
+            glue, *blocks = (
+                self.extract(part, piece, prepared, forbid, seconds * len(piece.nodes) / total)
+                for part, piece in zip([parts.glue, *parts.blocks], pieces, strict=True)
+            )
+            return repeats.compose(graph, parts, glue, blocks, options.profile)
         memory_weight = 1.0 if options.memory_budget is not None else 0.0
         profile, timing = priced(options.profile, snapshot, options.limits.measure_seconds)
-        plan = build_plan(
-            graph, snapshot, profile, prepared, options.extractor, options.limits.extract_seconds, forbid, memory_weight
-        )
+        plan = build_plan(graph, snapshot, profile, prepared, options.extractor, seconds, forbid, memory_weight)
         plan.stats.update(timing)
         return plan
 
-    def saturate(self, graph: Graph, rules: list[RuleSource]) -> Any:
-        return saturate(graph, rules, self.options.limits)
+    def saturate(self, graph: Graph, rules: list[RuleSource]) -> Snapshot | repeats.Repeated:
+        """The graph's e-graph; a graph of repeated layers in parts: its glue and one block per repeat."""
+        found = repeats.find(graph)
+        if not found:
+            return saturate(graph, rules, self.options.limits)
+        parts = repeats.split(graph, found)
+        blocks = [saturate(block, rules, self.options.limits) for block in parts.blocks]
+        return repeats.Repeated(parts, saturate(parts.glue, rules, self.options.limits), blocks)
 
     def nothing_to_gain(self, plan: Plan) -> bool:
         """The original program, node for node, or one that differs only in what XLA does itself or nearly as
@@ -180,7 +201,8 @@ class Planner:
         plan = self.extract(done.graph, done.snapshot, prepared)
         extract_s = time.perf_counter() - t2 - plan.stats.get("measure_s", 0.0)  # measuring is reported apart
         plan.stats.update(capture_s=done.capture_s, saturate_s=done.saturate_s, extract_s=extract_s)
-        log.info("eqsat: %s\n%s", self.name, plan.summary())
+        if log.isEnabledFor(logging.INFO):  # a summary walks the plan and the original (0.45 s for a 32-layer grad)
+            log.info("eqsat: %s\n%s", self.name, plan.summary())
         original = jax.jit(done.flat_fun)
         if options.autotune and not self.nothing_to_gain(plan):
             with jax.ensure_compile_time_eval():  # measured on examples, even while a caller's trace is active
@@ -190,7 +212,7 @@ class Planner:
                     options.autotune,
                 )  # fmt: skip
         if key:
-            plan_store.save(key, plan, options.profile, done.snapshot)
+            plan_store.save(key, plan, options.profile, repeats.snapshots(done.snapshot))
         return self._entry_of(signature, plan, done.flat_fun, done.out_tree, done.closed, prepared, key, original)
 
     def _entry_of(
@@ -244,7 +266,7 @@ class Planner:
                 snapshot = self.saturate(graph, list(self.options.rules))
                 plan = self.extract(graph, snapshot, prepared=False)
                 if key:
-                    plan_store.save(key, plan, self.options.profile, snapshot)
+                    plan_store.save(key, plan, self.options.profile, repeats.snapshots(snapshot))
             plan.graph = graph
             if self.nothing_to_gain(plan):
                 return body

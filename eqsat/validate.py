@@ -50,7 +50,7 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
     suspects = (suspects or "none found") + ("" if exact else " (narrowing stopped by its time budget)")
     entry.plan.fallback = f"optimized result differed from the original ({problem}); rules involved: {suspects}"
     if entry.key:  # a later process runs the original at once
-        plan_store.save(entry.key, entry.plan, planner.options.profile, None)
+        plan_store.save(entry.key, entry.plan, planner.options.profile)
     warnings.warn(
         f"eqsat: the optimized {planner.name} differed from the original ({problem}); running the original "
         f"instead. Rules involved: {suspects}.",

@@ -59,6 +59,8 @@ class Plan:
     blamed: list[str] | None = None  # after a failed validation: the rules the mismatching result depends on
     original_seconds: list[float] = field(default_factory=list)  # predicted time of each original graph node
     measured: dict[str, Any] | None = None  # the plan timed against the original after validation (eqsat/guard.py)
+    # per node: the graph nodes it stands for (eqsat/repeats.py copies a block's plan into each layer with them)
+    members: list[list[int]] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def predicted_speedup(self) -> float:
@@ -352,6 +354,7 @@ def _assemble(
         rules_fired={name: count for name, count in snapshot.rule_matches.items() if count},
         graph=graph,
         original_seconds=[costs[i].seconds if i in costs else 0.0 for i in range(len(graph.nodes))],
+        members=members,
     )
 
 

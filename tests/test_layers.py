@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     # (eqsat.extract.report), read and written here
     ("planning", {
         "eqsat.autotune", "eqsat.budget", "eqsat.extract.report", "eqsat.options", "eqsat.plan_cache",
-        "eqsat.plan_store", "eqsat.planning", "eqsat.sharding", "eqsat.signature", "eqsat.validate",
+        "eqsat.plan_store", "eqsat.planning", "eqsat.repeats", "eqsat.sharding", "eqsat.signature", "eqsat.validate",
     }),
     ("API", {"eqsat.api", "eqsat.buckets"}),
     ("tools", {
