@@ -19,6 +19,7 @@ wants and a fuzzer does not).
 
 import collections
 import dataclasses
+import functools
 import time
 import traceback
 import warnings
@@ -52,10 +53,11 @@ FUZZ_LIMITS = Limits(
 
 DTYPES = ("float32", "float32", "bfloat16", "float16", "int32")
 TRANSFORMS = ("eager", "jit", "vmap", "grad", "scan", "prepare", "optimize-grad")
-BODIES = ("straight", "straight", "scan", "cond", "fori", "remat")
+BODIES = ("straight", "straight", "scan", "cond", "fori", "remat", "layers")
 TARGETS = ("cpu", "h100", "tpu-v5e")
 EXTRACTORS = ("greedy", "ilp", "auto")
 _FLOAT_ONLY = ("grad", "optimize-grad")  # transformations that differentiate
+_LAYERS = 5  # copies of the program in a "layers" body: enough for eqsat/repeats.py to plan them as one block
 
 
 @dataclass
@@ -227,6 +229,9 @@ def _function(case: Case) -> Callable[..., Any]:
             return lax.fori_loop(0, 2, lambda i, acc: jax.tree_util.tree_map(jnp.add, acc, results(leaves)), zero)
         if case.body == "remat":
             return jax.checkpoint(results)(leaves)
+        if case.body == "layers":  # the program copied, each copy on its own inputs: repeated layers (repeats.py)
+            copies = [results([x * (k + 1) for x in leaves]) for k in range(_LAYERS)]
+            return functools.reduce(lambda a, b: jax.tree_util.tree_map(jnp.add, a, b), copies)
         return results(leaves)
 
     fun.__name__ = f"fuzz_case_{case.index}"
