@@ -5,6 +5,7 @@ XLA fuses elementwise chains into their neighbours, so an elementwise op is pric
 output and no kernel of its own; contractions cost max(compute, memory) plus a kernel launch.
 """
 
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -258,10 +259,12 @@ def node_key(op: str, attrs: tuple, in_shapes: list[Shape | None], dtype: str | 
 
 def value_bytes(shape: Shape | None, dtype: str | None) -> int:
     """Bytes of one array value; 0 for a value without a shape (the tuple of a multi-result opaque call)."""
-    if shape is None:
-        return 0
+    return 0 if shape is None else prod(shape) * _itemsize(dtype)
+
+
+@functools.cache  # a dtype is parsed once, not once per e-node
+def _itemsize(dtype: str | None) -> int:
     try:
-        itemsize = np.dtype(dtype).itemsize if dtype else 4
+        return np.dtype(dtype).itemsize if dtype else 4
     except TypeError:  # jax's extended dtypes: a PRNG key (key<fry>) is two uint32 words
-        itemsize = 8
-    return prod(shape) * itemsize
+        return 8
