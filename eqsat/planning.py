@@ -26,7 +26,7 @@ from eqsat.capture import capture
 from eqsat.errors import EqsatError, EqsatWarning
 from eqsat.extract.cost import Cost
 from eqsat.extract.plan import Plan, build_plan
-from eqsat.extract.timing import priced
+from eqsat.extract.timing import attached, priced
 from eqsat.ir import Graph, Opaque
 from eqsat.options import Options
 from eqsat.rule_sources import RuleSource
@@ -145,7 +145,8 @@ class Planner:
                 self.extract(part, piece, prepared, forbid, seconds * len(piece.nodes) / total)
                 for part, piece in zip([parts.glue, *parts.blocks], pieces, strict=True)
             )
-            return repeats.compose(graph, parts, glue, blocks, options.profile)
+            # the original priced as the parts were: by the timing cache their measurements filled
+            return repeats.compose(graph, parts, glue, blocks, attached(options.profile))
         memory_weight = 1.0 if options.memory_budget is not None else 0.0
         profile, timing = priced(options.profile, snapshot, options.limits.measure_seconds)
         plan = build_plan(graph, snapshot, profile, prepared, options.extractor, seconds, forbid, memory_weight)

@@ -19,6 +19,7 @@ from eqsat.extract import provenance
 from eqsat.extract.cost import Cost, Profile
 from eqsat.extract.plan import Plan, PlanNode, original_costs
 from eqsat.ir import Graph, Node, Opaque, Role, Variable
+from eqsat.ops import OPS
 from eqsat.saturate import Snapshot, StopReason
 
 MIN_INSTANCES = 4  # fewer layers are saturated as one program: rewrites across layers stay in reach
@@ -167,6 +168,8 @@ def _repeat(graph: Graph, order: list[int], start: int, period: int, count: int,
     if hi - lo < MIN_INSTANCES or any(i in effects for block in blocks[lo:hi] for i in block):
         return None
     chosen = blocks[lo:hi]
+    if _merges_across(graph, chosen):
+        return None
     inputs = [wirings[k][1] for k in range(lo, hi)]
     outputs = _outputs(graph, chosen)
     shared = frozenset(
@@ -177,6 +180,23 @@ def _repeat(graph: Graph, order: list[int], start: int, period: int, count: int,
         and all(_same_constant(graph, value, row[m]) for row in inputs[1:])
     )
     return Repeat(chosen, inputs, outputs, shared)
+
+
+def _merges_across(graph: Graph, instances: list[list[int]]) -> bool:
+    """Whether contractions of two instances read one value from outside them: a recurrent cell's input GEMMs on
+    its shared weight, a NASNet cell's convs of the hidden state two cells read. Their merge is a rewrite across
+    layers, which planning one block would not find, so such layers are planned as one program."""
+    readers: dict[int, int] = {}
+    for k, block in enumerate(instances):
+        inside = set(block)
+        for i in block:
+            node = graph.nodes[i]
+            if OPS.get(node.op) is None or OPS[node.op].merge_key is None:
+                continue
+            for j in node.inputs:
+                if j not in inside and readers.setdefault(j, k) != k:
+                    return True
+    return False
 
 
 def _same_constant(graph: Graph, value: np.ndarray, node: int) -> bool:

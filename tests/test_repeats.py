@@ -100,6 +100,7 @@ def test_every_layer_gets_its_rewrite_with_its_own_provenance(monkeypatch):
     whole_plan = eqsat.optimize(lambda p, x: _model(p, x)).plan(params, X)  # not the plan kept for _model
     assert "repeated_layers" not in whole_plan.stats
     assert plan.predicted.seconds <= whole_plan.predicted.seconds * 1.01
+    assert plan.original == whole_plan.original, "the original is priced as it is without repeats"
 
 
 def test_the_composed_plan_computes_what_jax_jit_does():
@@ -134,3 +135,20 @@ def test_a_gradient_of_repeated_layers_matches_jax_jit():
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     assert plan.fallback is None
+
+
+def test_cells_whose_contractions_share_an_input_are_planned_as_one_program(monkeypatch):
+    """A recurrent cell reads its shared weight at every step: merging the steps' input GEMMs is a rewrite across
+    layers, which planning one block would miss."""
+    w, u = jax.random.normal(jax.random.key(2), (2, D, D)) / D
+
+    def rnn(xs, h):
+        for x in xs:
+            h = jnp.tanh(x @ w + h @ u + jnp.sin(h) * jnp.cos(x) - jnp.exp(-jnp.abs(h)))
+        return h
+
+    xs = list(jax.random.normal(jax.random.key(3), (6, 8, D)))
+    graph = _graph(rnn, xs, X)
+    assert repeats.find(graph) == []
+    monkeypatch.setattr(repeats, "_merges_across", lambda graph, instances: False)
+    assert len(repeats.find(graph)) == 1, "the steps do repeat: the shared weight alone keeps them whole"
