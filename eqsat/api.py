@@ -295,12 +295,12 @@ class Optimized:
                 if sharded and validate.keep_collectives(self._planner, entry, flat):
                     self._dispatch.reset()
                 if measure and self.options.limits.guard_seconds > 0 and entry.call is not entry.original:
-                    original, optimized = entry.original, entry.call
+                    original, optimized = validate.compiled_original(entry), entry.call
                     if not validate.timed(self._planner, entry, lambda: optimized(*flat), lambda: original(*flat)):
                         entry.call = entry.original
                 if entry.call is entry.original:  # before the plan counts as validated: no call finds its trace
                     self._dispatch.reset()
-                entry.validated = True
+                entry.validated, entry.reference = True, None  # the reference: an executable of its own, not kept
                 self._plans.unchecked.discard(id(entry))
         return entry.mismatched
 

@@ -31,7 +31,6 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
     progress.begin("validate", "validate: compile and compare with the original")
     with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
         expected = comparable(_reference_results(entry, flat))
-        entry.reference = None  # an executable of its own: not kept once compared
         got = comparable(entry.call(*flat) if got is None else got)
     wrong = next(((k, p) for k, p in enumerate(map(differs, range(len(got)), expected, got)) if p), None)
     if wrong is not None:
@@ -155,7 +154,14 @@ def _reference_results(entry: Entry, flat: list[Any]) -> list[Any]:
             return list(entry.reference.result()(*flat))
         except Exception:  # it did not compile, or takes other arguments (a weak type, a committed device)
             log.debug("eqsat: the background reference did not run; compiling the original", exc_info=True)
+            entry.reference = None
     return entry.original(*flat)
+
+
+def compiled_original(entry: Entry) -> Callable[..., Any]:
+    """The original as validation ran it: the executable compiled in the background where it took the arguments
+    (timing it against the plan costs no second compile of the original), else the original through jax.jit."""
+    return entry.reference.result() if entry.reference is not None else entry.original
 
 
 def _collectives_text(counts: dict[str, int]) -> str:
