@@ -52,14 +52,22 @@ def compare(
     args: tuple,
     seconds: float = 2.0,
     round_seconds: float = 0.02,
+    warm: bool = False,
 ) -> Comparison:
     """Interleave baseline and candidate rounds (order alternating) until `seconds` have passed, each round of at
-    least `round_seconds` (20 ms keeps the timer's noise small) and at least five of them."""
-    jax.block_until_ready(baseline(*args))
-    jax.block_until_ready(candidate(*args))
-    probe = max(_time_once(baseline, args, 1), _time_once(candidate, args, 1), 1e-6)
-    repeat = max(1, int(round_seconds / probe))
+    least `round_seconds` (20 ms keeps the timer's noise small) and at least five of them. `warm`: both have run
+    on these arguments already, so no call is spent compiling them; a probe of one call each is the first round
+    where one call fills a round (a model of 0.6 s a call measured in 5 rounds, not 7)."""
+    if not warm:
+        jax.block_until_ready(baseline(*args))
+        jax.block_until_ready(candidate(*args))
+    probes = _time_once(baseline, args, 1), _time_once(candidate, args, 1)
+    repeat = max(1, int(round_seconds / max(*probes, 1e-6)))
     base, cand, ratios = [], [], []
+    if repeat == 1:
+        base.append(probes[0])
+        cand.append(probes[1])
+        ratios.append(probes[0] / max(probes[1], 1e-9))
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline or len(ratios) < 5:
         pair = [(baseline, base), (candidate, cand)]
