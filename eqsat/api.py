@@ -224,8 +224,13 @@ class Optimized:
         if got is not None and any(isinstance(x, jax.core.Tracer) for x in got):  # concrete arguments, called
             got = None  # inside a trace (a scan body closing over them): the results are the trace's values
         mine = [concrete(flat) and e.signature == signature for e in pending]
+        # a call's own plan is timed as the dispatch runs it: compiled already, where entry.call alone is not
+        rerun = None if results is None or self._dispatch.donates else lambda: stage(self._dispatch.run)
         if any(
-            [self._validate(e, flat if m else None, got if m else None) for e, m in zip(pending, mine, strict=True)]
+            [
+                self._validate(e, flat if m else None, got if m else None, ran=rerun if m and not e.prepared else None)
+                for e, m in zip(pending, mine, strict=True)
+            ]
         ):
             self._dispatch.reset()
             out = stage(self._dispatch.run)
@@ -277,12 +282,18 @@ class Optimized:
             self._unvalidated.append(entry)
 
     def _validate(
-        self, entry: Entry, flat: list[Any] | None = None, got: list[Any] | None = None, measure: bool = True
+        self,
+        entry: Entry,
+        flat: list[Any] | None = None,
+        got: list[Any] | None = None,
+        measure: bool = True,
+        ran: Callable[[], Any] | None = None,
     ) -> bool:
         """Compare with the original on these arguments (without them: examples of the signature's shapes, as
         while tracing or before donation); fall back on mismatch. `got`: the optimized results for `flat`, where
         the caller has them already. Then (`measure`) time the plan against the original and keep the original
-        where the plan is not faster (Limits.guard_seconds).
+        where the plan is not faster (Limits.guard_seconds); `ran`: the call that gave `got` again, the plan as
+        the dispatch runs it (else the plan is timed through entry.call, which compiles it apart).
 
         Returns whether the plan's results were wrong (here, or in the thread that validated it): a call that
         ran it runs again."""
@@ -296,7 +307,8 @@ class Optimized:
                     self._dispatch.reset()
                 if measure and self.options.limits.guard_seconds > 0 and entry.call is not entry.original:
                     original, optimized = validate.compiled_original(entry), entry.call
-                    if not validate.timed(self._planner, entry, lambda: optimized(*flat), lambda: original(*flat)):
+                    plan_call = ran or (lambda: optimized(*flat))
+                    if not validate.timed(self._planner, entry, plan_call, lambda: original(*flat)):
                         entry.call = entry.original
                 if entry.call is entry.original:  # before the plan counts as validated: no call finds its trace
                     self._dispatch.reset()

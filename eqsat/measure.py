@@ -53,9 +53,10 @@ def compare(
     seconds: float = 2.0,
     round_seconds: float = 0.02,
     warm: bool = False,
+    min_rounds: int = 5,
 ) -> Comparison:
     """Interleave baseline and candidate rounds (order alternating) until `seconds` have passed, each round of at
-    least `round_seconds` (20 ms keeps the timer's noise small) and at least five of them. `warm`: both have run
+    least `round_seconds` (20 ms keeps the timer's noise small) and at least `min_rounds`. `warm`: both have run
     on these arguments already, so no call is spent compiling them; a probe of one call each is the first round
     where one call fills a round (a model of 0.6 s a call measured in 5 rounds, not 7)."""
     if not warm:
@@ -69,7 +70,7 @@ def compare(
         cand.append(probes[1])
         ratios.append(probes[0] / max(probes[1], 1e-9))
     deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(ratios) < 5:
+    while time.perf_counter() < deadline or len(ratios) < min_rounds:
         pair = [(baseline, base), (candidate, cand)]
         for fn, sink in pair if len(ratios) % 2 == 0 else reversed(pair):
             sink.append(_time_once(fn, args, repeat))
