@@ -308,7 +308,9 @@ class Optimized:
                 if measure and self.options.limits.guard_seconds > 0 and entry.call is not entry.original:
                     original, optimized = validate.compiled_original(entry), entry.call
                     plan_call = ran or (lambda: optimized(*flat))
-                    if not validate.timed(self._planner, entry, plan_call, lambda: original(*flat)):
+                    # both ran on flat: the original in the comparison, the plan there or in the call
+                    warm = ran is not None or got is None
+                    if not validate.timed(self._planner, entry, plan_call, lambda: original(*flat), warm):
                         entry.call = entry.original
                 if entry.call is entry.original:  # before the plan counts as validated: no call finds its trace
                     self._dispatch.reset()

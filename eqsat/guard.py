@@ -18,11 +18,13 @@ from eqsat.measure import compare
 DEFAULT_SECONDS = float(os.environ.get("EQSAT_GUARD_SECONDS", "0.3"))
 
 
-def measure(original: Callable[[], Any], optimized: Callable[[], Any], seconds: float) -> dict[str, Any]:
+def measure(
+    original: Callable[[], Any], optimized: Callable[[], Any], seconds: float, warm: bool = False
+) -> dict[str, Any]:
     """Interleaved rounds of both calls within about `seconds` (three rounds each at least): what the plan records
-    (Plan.measured) and whether it is kept."""
-    # validation has run both on these arguments: no call is spent warming them up
-    result = compare(original, optimized, (), seconds=seconds, round_seconds=seconds / 40, warm=True, min_rounds=3)
+    (Plan.measured) and whether it is kept. `warm`: both have run on these arguments (validation ran them), so
+    no call is spent compiling them; otherwise a first call of each does, before any round."""
+    result = compare(original, optimized, (), seconds=seconds, round_seconds=seconds / 40, warm=warm, min_rounds=3)
     return {
         "ratio": result.ratio,  # original time / plan time, the median of the rounds
         "ratio_low": result.ratio_low,

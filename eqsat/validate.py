@@ -133,15 +133,18 @@ def keep_collectives(planner: Planner, entry: Entry, flat: list[Any]) -> bool:
     return True
 
 
-def timed(planner: Planner, entry: Entry, optimized: Callable[[], Any], original: Callable[[], Any]) -> bool:
+def timed(
+    planner: Planner, entry: Entry, optimized: Callable[[], Any], original: Callable[[], Any], warm: bool = False
+) -> bool:
     """Whether the plan is kept after timing it against the original within Limits.guard_seconds (once per
-    plan; the plan records what was measured, and where it is not kept, why the original runs)."""
+    plan; the plan records what was measured, and where it is not kept, why the original runs). `warm`: both
+    have run on these arguments already."""
     if entry.plan.measured is None:
         progress.begin("measure", "measure the plan against the original")
         # outside any caller's trace, as the call that gave the results ran (compile-time evaluation would key
         # jax.jit's cache apart and compile the plan again: 2.8 s on NASNet-A)
         with jax.core.eval_context():
-            entry.plan.measured = guard.measure(original, optimized, planner.options.limits.guard_seconds)
+            entry.plan.measured = guard.measure(original, optimized, planner.options.limits.guard_seconds, warm)
         if not entry.plan.measured["kept"]:
             entry.plan.fallback = guard.describe(entry.plan.measured)
             log.info("eqsat: %s: %s", planner.name, entry.plan.fallback)
