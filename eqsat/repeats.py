@@ -10,7 +10,7 @@ rewrites across a layer's boundary are not looked for.
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from eqsat.saturate import Snapshot, StopReason
 
 MIN_INSTANCES = 4  # fewer layers are saturated as one program: rewrites across layers stay in reach
 MIN_NODES = 8  # a shorter period is a chain or a pattern of ops, not a layer: the rules must see it whole
-_CANDIDATE_PERIODS = 8
+_CANDIDATE_PERIODS = 8  # the most frequent gaps between equal nodes tried as periods: a layer's is among them
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,7 @@ class Repeat:
 class Placeholder:
     """The opaque primitive that stands for one instance in the glue (never bound: compose replaces it)."""
 
-    name: str = "repeat"
-    multiple_results: bool = True
+    name: str = "repeat"  # what reports call the op
 
 
 @dataclass
@@ -54,7 +53,7 @@ class Split:
     calls: dict[int, tuple[int, int]]  # glue opaque index -> (repeat, instance)
     repeats: list[Repeat]
     blocks: list[Graph]
-    glue_of: dict[int, int] = field(default_factory=dict)  # glue node -> the graph node it copies
+    glue_of: dict[int, int]  # glue node -> the graph node it copies
 
 
 def find(graph: Graph) -> list[Repeat]:
