@@ -77,7 +77,7 @@ def find(graph: Graph) -> list[Repeat]:
             continue
         start, period, length = best
         start += lo + (offset := _phase(graph, order, start + lo, period, length, readers))
-        repeat = _repeat(graph, order, start, period, (length - offset) // period, effects)
+        repeat = _repeat(graph, order, start, period, (length - offset) // period, effects, readers)
         if repeat is None:
             continue
         found.append(repeat)
@@ -104,8 +104,9 @@ def _hashable(value: Any) -> Any:
 
 
 def _best_run(codes: np.ndarray) -> tuple[int, int, int] | None:
-    """(start, period, count) of the run of `count` identical blocks covering the most nodes, the shortest period
-    among equals; None unless that period is a layer's (MIN_NODES) repeated MIN_INSTANCES times."""
+    """(start, period, length) of the run of identical blocks covering the most nodes, the shortest period among
+    equals (length: the nodes from start that its blocks can cover); None unless that period is a layer's
+    (MIN_NODES) repeated MIN_INSTANCES times."""
     n = len(codes)
     if n < MIN_NODES * MIN_INSTANCES:
         return None
@@ -151,7 +152,15 @@ def _phase(graph: Graph, order: list[int], start: int, period: int, length: int,
     return min(range(fits + 1), key=crossing)
 
 
-def _repeat(graph: Graph, order: list[int], start: int, period: int, count: int, effects: set[int]) -> Repeat | None:
+def _repeat(
+    graph: Graph,
+    order: list[int],
+    start: int,
+    period: int,
+    count: int,
+    effects: set[int],
+    readers: dict[int, list[int]],
+) -> Repeat | None:
     """The instances of the run's blocks wired alike, the longest stretch of them; None if fewer than
     MIN_INSTANCES."""
     blocks = [order[start + k * period : start + (k + 1) * period] for k in range(count)]
@@ -170,7 +179,7 @@ def _repeat(graph: Graph, order: list[int], start: int, period: int, count: int,
     if _merges_across(graph, chosen):
         return None
     inputs = [wirings[k][1] for k in range(lo, hi)]
-    outputs = _outputs(graph, chosen)
+    outputs = _outputs(graph, chosen, readers)
     shared = frozenset(
         m
         for m, node in enumerate(inputs[0])
@@ -236,17 +245,15 @@ def _role(graph: Graph, node: int) -> Role:
     return graph.variable(n.attrs[0]).role if n.op == "Var" else Role.ARGUMENT
 
 
-def _outputs(graph: Graph, instances: list[list[int]]) -> list[int]:
+def _outputs(graph: Graph, instances: list[list[int]], readers: dict[int, list[int]]) -> list[int]:
     """Places whose value some instance's outside reads (a later node, or a result of the graph)."""
+    results = set(graph.outputs)
     places: set[int] = set()
-    read_outside: set[int] = set(graph.outputs)
-    owner = {node: k for k, block in enumerate(instances) for node in block}
-    for i, node in enumerate(graph.nodes):
-        for j in node.inputs:
-            if j in owner and owner.get(i) != owner[j]:
-                read_outside.add(j)
     for block in instances:
-        places.update(q for q, node in enumerate(block) if node in read_outside)
+        inside = set(block)
+        places.update(
+            q for q, node in enumerate(block) if node in results or any(r not in inside for r in readers.get(node, ()))
+        )
     return sorted(places)
 
 
@@ -273,7 +280,7 @@ def split(graph: Graph, repeats: Sequence[Repeat]) -> Split:
                 r, k = last[i]
                 repeat = repeats[r]
                 calls[len(glue.opaque)] = (r, k)
-                glue.opaque.append(Opaque(Placeholder(), {"repeat": r, "instance": k}, True))
+                glue.opaque.append(Opaque(Placeholder(), {}, True))  # `calls` says which instance it is
                 call = glue.add(Node("Op", tuple(new[j] for j in repeat.inputs[k]), (len(glue.opaque) - 1,)))
                 for n, q in enumerate(repeat.outputs):
                     out = graph.nodes[repeat.instances[k][q]]
@@ -297,14 +304,11 @@ def _block(graph: Graph, repeat: Repeat) -> Graph:
     new: dict[int, int] = {}
     for m, j in enumerate(inputs):
         source = graph.nodes[j]
-        if m in repeat.shared:
-            name = source.attrs[0]
-            block.variables[name] = graph.variables[name]
-        else:
-            name = f"b{m}"
-            block.variables[name] = Variable(_role(graph, j))
+        shared = m in repeat.shared
+        name = source.attrs[0] if shared else f"b{m}"
+        block.variables[name] = graph.variables[name] if shared else Variable(_role(graph, j))
         new[j] = block.add(Node("Var", (), (name,), source.shape, source.dtype))
-        if m not in repeat.shared:
+        if not shared:
             block.inputs.append(new[j])
     for i in instance:
         node = graph.nodes[i]
