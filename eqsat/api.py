@@ -4,30 +4,41 @@ The wrapper is jax.jit's dispatch, a signature cache, validation and fallback. A
 jax.jit traces a signature not planned yet, the pipeline (eqsat/planning.py: capture -> saturate -> extract ->
 lower) builds its plan from the signature's abstract values under jax's eval context, so planning never sees the
 trace (stopping the trace and calling again instead costs jax.jit's C++ fast path: a signature whose first trace
-raised stays on the Python path, 150-200 us a call where 10 us is usual). A plan's first use validates it
+raised stays on the Python path, 60 us a call where 4 us is usual). A plan's first use validates it
 (eqsat/validate.py).
+
+A call's first trace of a signature waits Limits.first_call_seconds for its plan. A plan not ready by then is
+built in the background (eqsat/background.py) while the trace runs the original, as jax.jit would; once it is
+ready, the next call traces again and runs it, validated and timed as on a first call. Under an outer
+transformation (jax.grad, an enclosing jax.jit, vmap) and for `.lower`, `.plan` and `prepare`, the plan is waited
+for: what they trace is kept by the caller.
 """
 
+import dataclasses
 import functools
 import inspect
 import types
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
 import jax
 
-from eqsat import validate
+from eqsat import background, validate
 from eqsat.backends import memory
 from eqsat.backends.lower import with_weights
 from eqsat.backends.memory import BudgetReport, MemoryReport, memory_report
 from eqsat.buckets import Bucketed, Buckets
 from eqsat.budget import check_budget
+from eqsat.errors import EqsatError, EqsatWarning
 from eqsat.extract.plan import Plan
 from eqsat.ir import Role
 from eqsat.options import Options, checked, checked_option, resolve
-from eqsat.plan_cache import PerThread, shared_plans
+from eqsat.plan_cache import PerThread, SharedPlans, shared_plans
 from eqsat.planning import Entry, Planner
 from eqsat.saturate import Limits
 from eqsat.sharding import partitioned
@@ -40,14 +51,18 @@ class _Dispatch:
     The body carries fun's signature (functools.wraps), so jax.jit resolves static_argnames and donate_argnames
     against the user's function exactly as it would for jax.jit(fun)."""
 
-    def __init__(self, body: Callable[..., Any], fun: Callable[..., Any], jit_options: dict[str, Any]) -> None:
+    def __init__(
+        self, body: Callable[..., Any], fun: Callable[..., Any], jit_options: dict[str, Any], plans: SharedPlans
+    ) -> None:
         # the body (a method of the Optimized) held weakly: no cycle, so that dropping the Optimized frees what
         # the function closes over at once, as dropping a jax.jit object does
-        self.body, self.fun, self.jit_options = weakref.WeakMethod(body), fun, jit_options
+        self.body, self.fun, self.jit_options, self.plans = weakref.WeakMethod(body), fun, jit_options, plans
         self.donates = bool(jit_options.get("donate_argnums") or jit_options.get("donate_argnames"))
         self.reset()
 
     def reset(self) -> None:
+        self.landings = self.plans.landings  # the plans built in the background that this trace cache can run
+        self.traced: set[int] = set()  # the entries its traces run (by id)
         ref = self.body
         body = functools.wraps(self.fun, updated=())(lambda *args, **kwargs: ref()(*args, **kwargs))
         self.run = jax.jit(body, **self.jit_options)
@@ -72,7 +87,7 @@ class Optimized:
         self._cache = self._plans.entries
         self._planner = Planner(fun, options, self._plans.saturated)
         self._pending = PerThread()  # what this thread's calls built or ran and have not settled yet
-        self._dispatch = _Dispatch(self._traced, fun, options.dispatch_options())
+        self._dispatch = _Dispatch(self._traced, fun, options.dispatch_options(), self._plans)
         # fun's name, doc, __wrapped__ and attributes, as jax.jit copies them, but never over our own state (fun
         # may carry a wrapped Optimized's, as jax.grad(optimize(f)) does)
         functools.update_wrapper(self, fun, updated=())
@@ -81,10 +96,19 @@ class Optimized:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if jax.config.jax_disable_jit:  # as jax.jit does: the function runs op by op
             return self.fun(*args, **kwargs)
+        if self._dispatch.landings != self._plans.landings:  # a plan built in the background is ready to run
+            self._dispatch.reset()
         # a plan not validated yet may run in this call, even one another thread builds while it runs (jax.jit's
         # trace cache is shared): then the call settles its signature's plan
         unsettled, builds = bool(self._plans.unchecked), self._plans.builds
-        out = self._dispatch.run(*args, **kwargs)  # the fast path: nothing more once a signature is planned
+        self._pending.call = (args, kwargs)  # a trace of a concrete call may leave its plan to the background
+        try:
+            out = self._dispatch.run(*args, **kwargs)  # the fast path: nothing more once a signature is planned
+        finally:
+            self._pending.call = None
+            if self._pending.paused:  # this call's trace left its plan to the background: planning goes on
+                self._pending.paused = False
+                background.resume()
         raced = unsettled or builds != self._plans.builds
         if raced or self._plans.unchecked or self._unvalidated or self._unbudgeted:
             return self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out, raced=raced)
@@ -115,8 +139,10 @@ class Optimized:
         self._dispatch.reset()
 
     def cache_info(self) -> dict[str, int]:
-        """How many plans the signature cache holds now, and how many it keeps at most (cache_size)."""
-        return {"plans": len(self._cache), "cache_size": self._cache.size}
+        """How many plans the signature cache holds now, how many it keeps at most (cache_size), and how many of
+        them are being built in the background (running the original meanwhile)."""
+        planning = sum(1 for e in self._cache.values() if e.job is not None and not e.job.done())
+        return {"plans": len(self._cache), "cache_size": self._cache.size, "planning": planning}
 
     def prepare(self, *params: Any) -> Callable[..., Any]:
         """A function of the remaining arguments, the parameters (params_argnums, in order) bound.
@@ -176,16 +202,24 @@ class Optimized:
 
     def _traced(self, *args: Any, **kwargs: Any) -> Any:
         """The body jax.jit traces: look up (or build) the plan for these abstract values and inline it."""
-        flat, signature = self._signature(args, kwargs)
+        call, flat, signature = self._pending.call, *self._signature(args, kwargs)
+        # a call's own trace, on concrete arguments: not one an outer transformation or `.lower` keeps
+        given = self._signature(*call)[0] if call is not None else None
+        tiered = given is not None and concrete(given)
         with jax.core.eval_context():  # planning runs on plain values, outside this trace
-            entry = self._entry(signature)
+            entry = self._entry(signature, traced=True, tiered=tiered, given=given)
+        self._dispatch.traced.add(id(entry))
         if self._dispatch.donates and entry in self._unvalidated:  # the arguments are gone after the call
             self._unvalidated.remove(entry)
             self._validate(entry)
         return jax.tree_util.tree_unflatten(entry.out_tree, entry.call(*flat))
 
     def _checked(self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any]) -> Any:
-        """stage(jax.jit object): a call, trace or lowering, then settled."""
+        """stage(jax.jit object): a call, trace or lowering, then settled; of the plan, where one is being built."""
+        _, signature = self._signature(args, kwargs)
+        pending = self._cache.get((signature, False))
+        if pending is not None and pending.job is not None:
+            self._entry(signature)
         unsettled, builds = bool(self._plans.unchecked), self._plans.builds
         out = stage(self._dispatch.run)
         return self._settle(stage, args, kwargs, out, raced=unsettled or builds != self._plans.builds)
@@ -216,7 +250,8 @@ class Optimized:
         # traced by another thread, this call may have run it before it fell back (not where arguments are
         # donated: then every trace validates its plan before it runs it)
         maybe_ran = raced and own is not None and own.mismatched and not self._dispatch.donates
-        if own is not None and own not in pending and (not own.validated or maybe_ran):
+        traced = own is not None and id(own) in self._dispatch.traced  # this dispatch may have run it
+        if traced and own not in pending and (not own.validated or maybe_ran):
             pending.append(own)
         if not pending:
             return out
@@ -258,22 +293,94 @@ class Optimized:
     _unvalidated = _per_thread("unvalidated", "The plans this thread's calls built or ran and have not validated yet.")
     _unbudgeted = _per_thread("unbudgeted", "The plans this thread built since its last budget check.")
 
-    def _entry(self, signature: Signature, prepared: bool = False) -> Entry:
-        """The entry of this signature and mode, built by one thread while the others that need it wait."""
+    def _entry(
+        self,
+        signature: Signature,
+        prepared: bool = False,
+        traced: bool = False,
+        tiered: bool = False,
+        given: list[Any] | None = None,
+    ) -> Entry:
+        """The entry of this signature and mode, built by one thread while the others that need it wait.
+
+        `traced`: for the dispatch's trace; `tiered`: a concrete call's (its arguments `given`), which may run
+        the original while the plan is built, and checked on them, in the background. Otherwise a plan being
+        built is waited for, and the dispatch traces again to run it."""
         key = (signature, prepared)
         entry = self._cache.get(key)
-        if entry is None:
+        if entry is None or _takes_job(entry, tiered):
             with self._plans.building(signature):
                 entry = self._cache.get(key)
                 if entry is None:
-                    entry = self._planner.build(signature, prepared)
-                    if not entry.validated:
-                        self._plans.unchecked.add(id(entry))
-                        self._plans.builds += 1
-                    self._cache[key] = entry
-                    if self.options.memory_budget is not None:
-                        self._unbudgeted.append(entry)
+                    entry = self._install(key, self._build(signature, prepared, tiered, given))
+                elif _takes_job(entry, tiered):
+                    entry = self._install(key, self._landed(entry, tiered))
+                    if not traced:  # its trace runs the original
+                        self._dispatch.reset()
         self._owe(entry)
+        return entry
+
+    def _build(self, signature: Signature, prepared: bool, tiered: bool, given: list[Any] | None) -> Entry:
+        """The plan; or where a call's trace may leave it to the background (Limits.first_call_seconds), an entry
+        that runs the original while the plan is built, validated and timed there (validating and timing a
+        model's plan is seconds: NASNet-A's, 5). A plan runs at once only where it was built and checked within
+        the wait; one kept from an earlier process is switched to on a later call too, since the call that does
+        compiles it, which the wait does not bound (NASNet-A's plan compiles 1 s slower than its original)."""
+        wait = self.options.limits.first_call_seconds
+        if not tiered or prepared or wait == float("inf") or self.options.memory_budget is not None:
+            return self._planner.build(signature, prepared)
+        captured = self._planner.capture(signature)  # on this thread: the user's function traced as jax.jit would
+        if isinstance(captured, Entry):
+            return captured
+        # the call's own arguments, unless donating them deletes them after the call
+        flat = None if self._dispatch.donates else given
+        job = background.submit(lambda: self._checked_plan(self._planner.build(signature, prepared, captured), flat))
+        try:
+            ready = job.result(timeout=wait) if wait > 0 else None
+        except FutureTimeout:
+            ready = None
+        if ready is not None and ready.validated and not ready.plan.stats.get("stored"):
+            return ready
+        job.add_done_callback(functools.partial(_switch, self._plans))  # not self: the job keeps no fun alive
+        background.pause()  # until this call has compiled and run the original
+        self._pending.paused = True
+        return self._planner.pending_entry(signature, captured, job)
+
+    def _checked_plan(self, entry: Entry, flat: list[Any] | None) -> Entry:
+        """On the planning thread: a new plan validated and timed (on the first call's arguments, or examples),
+        so that the call that switches to it only compiles it. A sharded plan is left to that call, which also
+        checks its collectives against jax.jit's."""
+        if not entry.validated:
+            with jax.ensure_compile_time_eval():
+                flat = examples(entry.signature) if flat is None else flat
+            if not partitioned(flat, entry.plan.graph):
+                run = functools.partial(entry.call, *flat)
+                with jax.core.eval_context():  # as the guard times it: one compile (compile-time eval keys apart)
+                    got = jax.block_until_ready(run())
+                self._validate(entry, flat, got, ran=run)
+        return entry
+
+    def _landed(self, pending: Entry, tiered: bool) -> Entry:
+        """The entry a background job built, waited for. A bad rule or shape conflict it found is raised, or
+        where a call's trace met it, warned of: the original keeps running."""
+        try:
+            return pending.job.result()
+        except background.Stopped:
+            return dataclasses.replace(pending, job=None)
+        except EqsatError as error:
+            if not tiered:
+                raise
+            warnings.warn(f"{error}; running the original instead", EqsatWarning, stacklevel=2)
+            return dataclasses.replace(pending, job=None)
+
+    def _install(self, key: tuple, entry: Entry) -> Entry:
+        """A new entry in the cache; one not validated yet is settled by the calls that may run it."""
+        if not entry.validated:
+            self._plans.unchecked.add(id(entry))
+            self._plans.builds += 1
+        self._cache[key] = entry
+        if self.options.memory_budget is not None:
+            self._unbudgeted.append(entry)
         return entry
 
     def _owe(self, entry: Entry) -> None:
@@ -312,11 +419,24 @@ class Optimized:
                     warm = ran is not None or got is None
                     if not validate.timed(self._planner, entry, plan_call, lambda: original(*flat), warm):
                         entry.call = entry.original
-                if entry.call is entry.original:  # before the plan counts as validated: no call finds its trace
-                    self._dispatch.reset()
+                if entry.call is entry.original and id(entry) in self._dispatch.traced:  # before the plan counts
+                    self._dispatch.reset()  # as validated: no call finds its trace
                 entry.validated, entry.reference = True, None  # the reference: an executable of its own, not kept
                 self._plans.unchecked.discard(id(entry))
         return entry.mismatched
+
+
+def _switch(plans: SharedPlans, job: Future) -> None:
+    """A background job is done: where its entry runs a plan (or it failed), the dispatches trace again."""
+    entry = None if job.exception() is not None else job.result()
+    if entry is None or entry.call is not entry.original:
+        plans.land()
+
+
+def _takes_job(entry: Entry, tiered: bool) -> bool:
+    """Whether a lookup takes the plan the entry's background job builds: a finished one, or any where the
+    caller cannot run the original meanwhile."""
+    return entry.job is not None and (entry.job.done() or not tiered)
 
 
 def optimize(

@@ -6,7 +6,7 @@ the device profile and collects the rules.
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -58,7 +58,8 @@ class Options:
     @property
     def store_settings(self) -> tuple:
         """What decides a plan besides the program: part of the key plans are kept by across processes."""
-        return (repr(self.profile), self.rule_texts, self.limits, self.extractor, self.autotune, self.memory_budget)
+        limits = replace(self.limits, first_call_seconds=0.0)  # how long a call waits changes no plan
+        return (repr(self.profile), self.rule_texts, limits, self.extractor, self.autotune, self.memory_budget)
 
     def dispatch_options(self) -> dict[str, Any]:
         """The options of the jax.jit that runs the plans: the user's, the argument numbers and names resolved,

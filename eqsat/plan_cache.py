@@ -21,6 +21,9 @@ class SharedPlans:
     # while this is not empty every call settles its own signature's entry
     unchecked: set[int] = field(default_factory=set)
     builds: int = 0  # how many entries were built unvalidated: a call during which it changed settles itself
+    # how many plans built in the background became ready to run (or failed): a dispatch that has seen fewer
+    # traces again, so that its next call runs them
+    landings: int = 0
     _locks: dict[Hashable, threading.RLock] = field(default_factory=dict)
     _locks_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -29,6 +32,11 @@ class SharedPlans:
         itself, optimized, at another signature while it is captured)."""
         with self._locks_lock:
             return self._locks.setdefault(signature, threading.RLock())
+
+    def land(self) -> None:
+        """A plan built in the background is ready to run (from its job's done-callback)."""
+        with self._locks_lock:
+            self.landings += 1
 
     def clear(self) -> None:
         self.entries.clear()
@@ -42,6 +50,8 @@ class PerThread(threading.local):
     def __init__(self) -> None:
         self.unvalidated: list[Any] = []
         self.unbudgeted: list[Any] = []
+        self.call: tuple | None = None  # the arguments of the call whose dispatch runs now
+        self.paused = False  # that call paused planning in the background (eqsat/background.py)
 
 
 # Plans are shared by every optimize() of one function with the same settings, as jax.jit shares its traces:

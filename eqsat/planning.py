@@ -55,6 +55,18 @@ class Entry:
     key: str | None = None  # where the plan is kept across processes (eqsat/plan_store.py)
     lock: threading.Lock = field(default_factory=threading.Lock)  # held while validating: once, by one thread
     mismatched: bool = False  # validation found the plan's results wrong: the original runs
+    # the plan being built in the background (eqsat/background.py): until it is ready this entry runs the original
+    job: Future | None = None
+
+
+@dataclass(frozen=True)
+class Captured:
+    """A signature's program as traced: the flat function, its output tree and jaxpr, and the trace's seconds."""
+
+    flat_fun: Callable[..., list[Any]]
+    out_tree: Any
+    closed: jcore.ClosedJaxpr
+    seconds: float
 
 
 @dataclass(eq=False)
@@ -77,27 +89,34 @@ class Planner:
         self.fun, self.options, self.saturated = fun, options, saturated
         self.name = getattr(fun, "__name__", repr(fun))
 
-    def build(self, signature: Signature, prepared: bool) -> Entry:
-        """Capture and saturate once per signature; extract and lower once per signature and mode.
-
-        An error in the user's function reaches the caller as it is; a failure of eqsat's own machinery after
-        that warns and runs the original."""
-        t0 = time.perf_counter()
+    def capture(self, signature: Signature) -> Captured | Entry:
+        """The signature's program, traced once (its saturation keeps it); an entry that runs the original where
+        no plan could hold the program. An error in the user's function reaches the caller as it is."""
         if signature in self.saturated:
             done = self.saturated[signature]
-            flat_fun, out_tree, closed = done.flat_fun, done.out_tree, done.closed
-        else:
-            flat_fun, out_tree_of = flat_function(self.fun, signature)
-            progress.begin("capture", f"capture {self.name}")
-            try:
-                closed = jax.make_jaxpr(flat_fun)(*signature.avals)
-            except Exception as error:
-                error.add_note(f"(raised while eqsat.optimize traced {self.name})")
-                raise
-            out_tree = out_tree_of()
-            if any(isinstance(c, jax.core.Tracer) for c in closed.consts):  # the plan could not hold them
-                why = f"{self.name} closes over values traced by an outer transformation"
-                return self.original_entry(signature, flat_fun, out_tree, why)
+            return Captured(done.flat_fun, done.out_tree, done.closed, 0.0)
+        t0 = time.perf_counter()
+        flat_fun, out_tree_of = flat_function(self.fun, signature)
+        progress.begin("capture", f"capture {self.name}")
+        try:
+            closed = jax.make_jaxpr(flat_fun)(*signature.avals)
+        except Exception as error:
+            error.add_note(f"(raised while eqsat.optimize traced {self.name})")
+            raise
+        if any(isinstance(c, jax.core.Tracer) for c in closed.consts):  # the plan could not hold them
+            why = f"{self.name} closes over values traced by an outer transformation"
+            return self.original_entry(signature, flat_fun, out_tree_of(), why)
+        return Captured(flat_fun, out_tree_of(), closed, time.perf_counter() - t0)
+
+    def build(self, signature: Signature, prepared: bool, captured: Captured | None = None) -> Entry:
+        """Capture (unless given) and saturate once per signature; extract and lower once per signature and mode.
+
+        A failure of eqsat's own machinery after capture warns and runs the original."""
+        captured = captured or self.capture(signature)
+        if isinstance(captured, Entry):
+            return captured
+        t0 = time.perf_counter() - captured.seconds
+        flat_fun, out_tree, closed = captured.flat_fun, captured.out_tree, captured.closed
         try:
             key = self._store_key(closed, ("program", prepared))
             stored = plan_store.load(key, self.options.profile) if key else None
@@ -176,12 +195,20 @@ class Planner:
         """The plan as a jitted function of the flat leaves, differentiated as the original is."""
         return jax.jit(with_original_derivatives(lower(plan), flat_fun))
 
-    def original_entry(self, signature: Signature, call: Callable[..., Any], out_tree: Any, why: str) -> Entry:
-        """An entry that runs the original, with a plan of no nodes that says why."""
+    def original_entry(
+        self, signature: Signature, call: Callable[..., Any], out_tree: Any, why: str, job: Future | None = None
+    ) -> Entry:
+        """An entry that runs the original, with a plan of no nodes that says why; `job`: the plan being built
+        in the background meanwhile."""
         log.info("eqsat: %s; the original runs", why)
         profile = self.options.profile.name
         plan = Plan(profile, [], [], [], Cost(), Cost(), StopReason.NOT_PLANNED, fallback=why)
-        return Entry(signature, plan, call, call, out_tree, validated=True)
+        return Entry(signature, plan, call, call, out_tree, validated=True, job=job)
+
+    def pending_entry(self, signature: Signature, captured: Captured, job: Future) -> Entry:
+        """The entry of a signature whose plan `job` builds: the original, from the captured jaxpr."""
+        why = f"{self.name}'s plan is being built in the background"
+        return self.original_entry(signature, _original(captured.closed), captured.out_tree, why, job)
 
     def _graph(self, closed: jcore.ClosedJaxpr, signature: Signature) -> Graph:
         """The captured graph, each input with its role and path, its sub-program bodies optimized."""

@@ -1,7 +1,8 @@
 """Progress of long phases as logging records, so the library stays quiet and a front end decides what to show.
 
 The pipeline calls `begin(phase, text)` when a phase starts (capture, saturate, extract, validate) and
-`step(phase, text, done, total)` within one (each saturation iteration). Both log at DEBUG to the
+`step(phase, text, done, total)` within one (each saturation iteration). Both are where a plan built in the
+background stops when the process exits (eqsat/background.py), and both log at DEBUG to the
 "eqsat.progress" logger, which has no handler: nothing appears unless someone asks. The CLI installs
 `live_progress()`, a rich display driven by these records, when stdout is a terminal; `-vv` prints them as lines.
 
@@ -17,16 +18,20 @@ from collections.abc import Iterator
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
+from eqsat import background
+
 LOG = logging.getLogger("eqsat.progress")
 
 
 def begin(phase: str, text: str, total: int | None = None, depth: int = 1) -> None:
     """A phase starts; the phase running beside it at this depth, if any, is done."""
+    background.checkpoint()
     LOG.debug("%s", text, extra={"eqsat_phase": phase, "eqsat_done": None, "eqsat_total": total, "eqsat_depth": depth})
 
 
 def step(phase: str, text: str, done: int, total: int | None = None, depth: int = 1) -> None:
     """Progress within a phase: `done` of `total` steps (total None: unknown)."""
+    background.checkpoint()
     LOG.debug("%s", text, extra={"eqsat_phase": phase, "eqsat_done": done, "eqsat_total": total, "eqsat_depth": depth})
 
 
