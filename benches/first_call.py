@@ -7,6 +7,10 @@ Each first call runs in a fresh process (what a user's script pays: tracing, pla
 after the backend has started: jax.jit's, eqsat's with an empty cache directory (no timing cache, no stored
 plans), and eqsat's again in a new process that keeps that directory (its plans stored). The bar (issue 17): eqsat's
 first call at most jax.jit's plus 1 s.
+
+A plan not ready within Limits.first_call_seconds is built in the background while the first call runs jax.jit's
+program (eqsat/background.py), so each eqsat row also says when the plan was ready (seconds from the first call's
+start, validated and timed) and what the call that switched to it cost (compiling the plan).
 """
 
 import argparse
@@ -45,7 +49,11 @@ def _first_call(name: str, mode: str) -> dict[str, Any]:
     jax.block_until_ready(fn(*work.args))
     row: dict[str, Any] = {"model": work.name, "mode": mode, "seconds": round(time.perf_counter() - start, 3)}
     if mode != "jit":
-        plan = fn.plan(*work.args)
+        plan = fn.plan(*work.args)  # waits for a plan left to the background
+        row["ready_s"] = round(time.perf_counter() - start, 3)
+        switch = time.perf_counter()
+        jax.block_until_ready(fn(*work.args))
+        row["switch_s"] = round(time.perf_counter() - switch, 3)
         keys = ("capture_s", "saturate_s", "extract_s", "measure_s", "load_s")
         row.update({k: round(plan.stats[k], 3) for k in keys if k in plan.stats})
         row["rewritten"] = bool(plan.rewritten_ops()) and plan.fallback is None
@@ -76,28 +84,33 @@ def measure(name: str) -> dict[str, Any]:
         "eqsat_s": eq["seconds"],
         "difference_s": round(eq["seconds"] - jit["seconds"], 3),
         "eqsat_kept_s": rows["eqsat_kept"]["seconds"],
+        "ready_s": [eq["ready_s"], rows["eqsat_kept"]["ready_s"]],
+        "switch_s": [eq["switch_s"], rows["eqsat_kept"]["switch_s"]],
         "kept_difference_s": round(rows["eqsat_kept"]["seconds"] - jit["seconds"], 3),
         "rewritten": eq.get("rewritten"),
         "eqsat_breakdown": {k: v for k, v in eq.items() if k.endswith("_s")},
-        "holds": eq["seconds"] - jit["seconds"] <= 1.0,
+        "holds": max(eq["seconds"], rows["eqsat_kept"]["seconds"]) - jit["seconds"] <= 1.0,
     }
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| model | ops | jax.jit first call | eqsat first call | difference | eqsat, plan kept | difference "
+        "| plan ready after (cold / kept) | switching call (cold / kept) "
         "| eqsat's capture / saturate / extract / measure s | plan rewritten |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | not run: {r['error'][:80]} | | | | | | | |")
+            lines.append(f"| {r['model']} | not run: {r['error'][:80]} | | | | | | | | | |")
             continue
         b = r["eqsat_breakdown"]
         parts = " / ".join(f"{b.get(k, 0.0):.2f}" for k in ("capture_s", "saturate_s", "extract_s", "measure_s"))
         lines.append(
             f"| {r['model']} | {r['ops']} | {r['jit_s']:.2f} s | {r['eqsat_s']:.2f} s | **{r['difference_s']:+.2f} s** "
-            f"| {r['eqsat_kept_s']:.2f} s | {r['kept_difference_s']:+.2f} s | {parts} | {r['rewritten']} |"
+            f"| {r['eqsat_kept_s']:.2f} s | {r['kept_difference_s']:+.2f} s "
+            f"| {r['ready_s'][0]:.2f} / {r['ready_s'][1]:.2f} s | {r['switch_s'][0]:.2f} / {r['switch_s'][1]:.2f} s "
+            f"| {parts} | {r['rewritten']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -315,7 +315,7 @@ class Optimized:
                     entry = self._install(key, self._build(signature, prepared, tiered, given))
                 elif _takes_job(entry, tiered):
                     entry = self._install(key, self._landed(entry, tiered))
-                    if not traced:  # its trace runs the original
+                    if not traced and entry.call is not entry.original:  # its trace runs the original
                         self._dispatch.reset()
         self._owe(entry)
         return entry
@@ -334,6 +334,8 @@ class Optimized:
             return captured
         # the call's own arguments, unless donating them deletes them after the call
         flat = None if self._dispatch.donates else given
+        if wait == 0:  # planning starts once this call has compiled and run the original
+            background.pause()
         job = background.submit(lambda: self._checked_plan(self._planner.build(signature, prepared, captured), flat))
         try:
             ready = job.result(timeout=wait) if wait > 0 else None
@@ -342,7 +344,8 @@ class Optimized:
         if ready is not None and ready.validated and not ready.plan.stats.get("stored"):
             return ready
         job.add_done_callback(functools.partial(_switch, self._plans))  # not self: the job keeps no fun alive
-        background.pause()  # until this call has compiled and run the original
+        if wait > 0:  # planning waits until this call has compiled and run the original
+            background.pause()
         self._pending.paused = True
         return self._planner.pending_entry(signature, captured, job)
 

@@ -22,7 +22,7 @@ class Stopped(BaseException):  # not an Exception: planning's own fallbacks (`ex
 
 # the default of Limits.first_call_seconds; tests set it to inf (tests/conftest.py), so that a plan's use does not
 # depend on the machine's load; tests/test_background.py sets it itself
-FIRST_CALL_SECONDS = float(os.environ.get("EQSAT_FIRST_CALL_SECONDS", "0.25"))
+FIRST_CALL_SECONDS = float(os.environ.get("EQSAT_FIRST_CALL_SECONDS", "0"))
 
 _jobs: "queue.SimpleQueue[tuple[Future, Callable[[], Any]] | None]" = queue.SimpleQueue()
 _stopping = threading.Event()
@@ -81,6 +81,7 @@ def _work() -> None:
         if _stopping.is_set() or not future.set_running_or_notify_cancel():
             continue
         try:
+            checkpoint()  # a job submitted paused starts once it is resumed
             future.set_result(build())
         except BaseException as error:  # the caller's to see, Stopped included
             future.set_exception(error)

@@ -6,7 +6,8 @@ pattern, the kernel-selection alternatives, convolution gradients and pools incl
 float16 and int32, with their inputs packed as pytrees, their results as a dict or tuple, and the program placed
 in a scan, cond, fori_loop or remat body or left straight. Each is optimized with random options (target,
 extractor, weights declared) and run under one transformation: eagerly, under jit, vmap or grad, inside a scan
-body, with its weights prepared, or as the gradient program optimize(jax.grad(loss)); the first call is eager or
+body, with its weights prepared, as the gradient program optimize(jax.grad(loss)), or eagerly with the plan left
+to the background (eqsat/background.py) and the call after it is ready checked; the first call is eager or
 transformed, and the other kind of call follows. A case fails when a result differs beyond the tolerance
 validation uses (`mismatch`), when eqsat raises where jax.jit did not (`crash`), or when eqsat's own machinery
 failed and warned (`internal`). Fallbacks (validation caught a wrong plan and the original ran) are counted.
@@ -49,10 +50,11 @@ FUZZ_LIMITS = Limits(
     measure_seconds=0.0,
     blame_seconds=2.0,
     guard_seconds=0.0,
+    first_call_seconds=float("inf"),  # a first call runs its plan, except in the "background" transform
 )
 
 DTYPES = ("float32", "float32", "bfloat16", "float16", "int32")
-TRANSFORMS = ("eager", "jit", "vmap", "grad", "scan", "prepare", "optimize-grad")
+TRANSFORMS = ("eager", "jit", "vmap", "grad", "scan", "prepare", "optimize-grad", "background")
 BODIES = ("straight", "straight", "scan", "cond", "fori", "remat", "layers")
 TARGETS = ("cpu", "h100", "tpu-v5e")
 EXTRACTORS = ("greedy", "ilp", "auto")
@@ -295,6 +297,8 @@ def run_case(case: Case) -> Outcome:
     if transform == "vmap":
         args = _batched(args)
     limits = dataclasses.replace(FUZZ_LIMITS, guard_seconds=0.02) if case.guard else FUZZ_LIMITS
+    if transform == "background":
+        limits = dataclasses.replace(limits, first_call_seconds=0.0)
     options: dict[str, Any] = dict(target=case.target, extractor=case.extractor, limits=limits)
     try:
         if transform == "optimize-grad":
@@ -302,7 +306,7 @@ def run_case(case: Case) -> Outcome:
         else:
             reference_fn = jax.jit(_under(transform, fun, args))
         expected = reference_fn(*args)
-        eager = expected if transform in ("eager", "jit") else jax.jit(fun)(*_unbatched(args, transform))
+        eager = expected if transform in ("eager", "jit", "background") else jax.jit(fun)(*_unbatched(args, transform))
     except Exception as error:  # the transformation does not apply to this program (jax.jit's own refusal)
         return Outcome(case, "invalid", f"{type(error).__name__}: {error}"[:300])
     with warnings.catch_warnings(record=True) as caught:
@@ -355,6 +359,11 @@ def _optimized_calls(
         fast = optimize(fun, params_argnums=0, **options)
         return fast, [("transformed", lambda: fast.prepare(args[0])(*args[1:])), ("eager", lambda: fast(*plain))]
     fast = optimize(fun, **options)
+    if transform == "background":  # the first call may run the original; the one after the plan is ready runs it
+        return fast, [
+            ("transformed", lambda: (fast(*args), fast.plan(*args), fast(*args))[-1]),
+            ("eager", lambda: fast(*plain)),
+        ]
     under = _under(transform, fast, args)
     return fast, [("transformed", lambda: under(*args)), ("eager", lambda: fast(*plain))]
 
