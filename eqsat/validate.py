@@ -148,6 +148,8 @@ def timed(
         if not entry.plan.measured["kept"]:
             entry.plan.fallback = guard.describe(entry.plan.measured)
             log.info("eqsat: %s: %s", planner.name, entry.plan.fallback)
+            if entry.key:  # a later process runs the original at once, as it would have run a plan never timed
+                plan_store.save(entry.key, entry.plan, planner.options.profile)
     return entry.plan.measured["kept"]
 
 
