@@ -7,22 +7,23 @@ trace (stopping the trace and calling again instead costs jax.jit's C++ fast pat
 raised stays on the Python path, 60 us a call where 4 us is usual). A plan's first use validates it
 (eqsat/validate.py).
 
-A call's first trace of a signature waits Limits.first_call_seconds for its plan. A plan not ready by then is
-built in the background (eqsat/background.py) while the trace runs the original, as jax.jit would; once it is
-ready, the next call traces again and runs it, validated and timed as on a first call. Under an outer
-transformation (jax.grad, an enclosing jax.jit, vmap) and for `.lower`, `.plan` and `prepare`, the plan is waited
-for: what they trace is kept by the caller.
+With background=True (the default), a call's first trace of a signature runs the original, as jax.jit would,
+and the signature's plan is built, validated, timed and compiled on the planning thread (eqsat/background.py);
+the calls switch to it once it is ready. Under an outer transformation (jax.grad, an enclosing jax.jit, vmap) and
+for `.lower`, `.plan` and `prepare`, the plan is waited for: what they trace is kept by the caller.
 """
 
+import copy
 import dataclasses
 import functools
 import inspect
+import logging
 import types
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent import futures
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,17 @@ from eqsat.extract.plan import Plan
 from eqsat.ir import Role
 from eqsat.options import Options, checked, checked_option, resolve
 from eqsat.plan_cache import PerThread, SharedPlans, shared_plans
-from eqsat.planning import Entry, Planner
+from eqsat.planning import Captured, Entry, Planner
 from eqsat.saturate import Limits
 from eqsat.sharding import partitioned
 from eqsat.signature import Signature, aval_key, concrete, examples, merge_params, signature_of
 
+log = logging.getLogger("eqsat")
+
 
 class _Dispatch:
-    """jax.jit's fast path over a tracing body; reset() starts a fresh trace cache (after a fallback).
+    """jax.jit's fast path over a tracing body; reset() starts a fresh trace cache (after a fallback), fresh() a
+    new dispatch beside it (one the planning thread compiles a plan in, before the calls switch to it).
 
     The body carries fun's signature (functools.wraps), so jax.jit resolves static_argnames and donate_argnames
     against the user's function exactly as it would for jax.jit(fun)."""
@@ -63,9 +67,14 @@ class _Dispatch:
     def reset(self) -> None:
         self.landings = self.plans.landings  # the plans built in the background that this trace cache can run
         self.traced: set[int] = set()  # the entries its traces run (by id)
-        ref = self.body
-        body = functools.wraps(self.fun, updated=())(lambda *args, **kwargs: ref()(*args, **kwargs))
+        ref, dispatch = self.body, weakref.ref(self)  # weakly, as the body: no cycle through the jax.jit
+        body = functools.wraps(self.fun, updated=())(lambda *args, **kwargs: ref()(dispatch(), *args, **kwargs))
         self.run = jax.jit(body, **self.jit_options)
+
+    def fresh(self) -> "_Dispatch":
+        new = copy.copy(self)
+        new.reset()
+        return new
 
 
 def _per_thread(name: str, doc: str) -> property:
@@ -88,6 +97,7 @@ class Optimized:
         self._planner = Planner(fun, options, self._plans.saturated)
         self._pending = PerThread()  # what this thread's calls built or ran and have not settled yet
         self._dispatch = _Dispatch(self._traced, fun, options.dispatch_options(), self._plans)
+        self._warm: _Dispatch | None = None  # a dispatch with a plan built in the background compiled in it
         # fun's name, doc, __wrapped__ and attributes, as jax.jit copies them, but never over our own state (fun
         # may carry a wrapped Optimized's, as jax.grad(optimize(f)) does)
         functools.update_wrapper(self, fun, updated=())
@@ -97,7 +107,7 @@ class Optimized:
         if jax.config.jax_disable_jit:  # as jax.jit does: the function runs op by op
             return self.fun(*args, **kwargs)
         if self._dispatch.landings != self._plans.landings:  # a plan built in the background is ready to run
-            self._dispatch.reset()
+            self._switch_dispatch()
         # a plan not validated yet may run in this call, even one another thread builds while it runs (jax.jit's
         # trace cache is shared): then the call settles its signature's plan
         unsettled, builds = bool(self._plans.unchecked), self._plans.builds
@@ -134,6 +144,7 @@ class Optimized:
         """Forget every plan (of this function and settings, however often wrapped) and trace, as jax.jit's
         clear_cache does."""
         self._plans.clear()
+        self._warm = None
         self._unvalidated.clear()
         self._unbudgeted.clear()
         self._dispatch.reset()
@@ -200,16 +211,23 @@ class Optimized:
                     return unchanged
         return lambda _rest, leaves: jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, weights))
 
-    def _traced(self, *args: Any, **kwargs: Any) -> Any:
-        """The body jax.jit traces: look up (or build) the plan for these abstract values and inline it."""
+    def _switch_dispatch(self) -> None:
+        """To the dispatch the planning thread compiled a plan in, where it did; else a fresh trace cache."""
+        warm, self._warm = self._warm, None
+        if warm is None:
+            self._dispatch.reset()
+        else:
+            warm.landings, self._dispatch = self._plans.landings, warm
+
+    def _traced(self, dispatch: _Dispatch, *args: Any, **kwargs: Any) -> Any:
+        """The body `dispatch` traces: look up (or build) the plan for these abstract values and inline it."""
         call, flat, signature = self._pending.call, *self._signature(args, kwargs)
         # a call's own trace, on concrete arguments: not one an outer transformation or `.lower` keeps
-        given = self._signature(*call)[0] if call is not None else None
-        tiered = given is not None and concrete(given)
+        tiered = call is not None and concrete(self._signature(*call)[0])
         with jax.core.eval_context():  # planning runs on plain values, outside this trace
-            entry = self._entry(signature, traced=True, tiered=tiered, given=given)
-        self._dispatch.traced.add(id(entry))
-        if self._dispatch.donates and entry in self._unvalidated:  # the arguments are gone after the call
+            entry = self._entry(signature, traced=True, tiered=tiered)
+        dispatch.traced.add(id(entry))
+        if dispatch.donates and entry in self._unvalidated:  # the arguments are gone after the call
             self._unvalidated.remove(entry)
             self._validate(entry)
         return jax.tree_util.tree_unflatten(entry.out_tree, entry.call(*flat))
@@ -250,8 +268,9 @@ class Optimized:
         # traced by another thread, this call may have run it before it fell back (not where arguments are
         # donated: then every trace validates its plan before it runs it)
         maybe_ran = raced and own is not None and own.mismatched and not self._dispatch.donates
-        traced = own is not None and id(own) in self._dispatch.traced  # this dispatch may have run it
-        if traced and own not in pending and (not own.validated or maybe_ran):
+        # not validated yet, and traced into this dispatch (one built in the background may not be, yet)
+        unvalidated = own is not None and not own.validated and id(own) in self._dispatch.traced
+        if own is not None and own not in pending and (unvalidated or maybe_ran):
             pending.append(own)
         if not pending:
             return out
@@ -293,74 +312,75 @@ class Optimized:
     _unvalidated = _per_thread("unvalidated", "The plans this thread's calls built or ran and have not validated yet.")
     _unbudgeted = _per_thread("unbudgeted", "The plans this thread built since its last budget check.")
 
-    def _entry(
-        self,
-        signature: Signature,
-        prepared: bool = False,
-        traced: bool = False,
-        tiered: bool = False,
-        given: list[Any] | None = None,
-    ) -> Entry:
+    def _entry(self, signature: Signature, prepared: bool = False, traced: bool = False, tiered: bool = False) -> Entry:
         """The entry of this signature and mode, built by one thread while the others that need it wait.
 
-        `traced`: for the dispatch's trace; `tiered`: a concrete call's (its arguments `given`), which may run
-        the original while the plan is built, and checked on them, in the background. Otherwise a plan being
-        built is waited for, and the dispatch traces again to run it."""
+        `traced`: for a dispatch's trace; `tiered`: a concrete call's, which may run the original while the plan
+        is built in the background. Otherwise a plan being built is waited for, and the calls switch to it."""
         key = (signature, prepared)
         entry = self._cache.get(key)
         if entry is None or _takes_job(entry, tiered):
+            if entry is not None:  # waited for outside the lock, which the job takes to install its plan
+                futures.wait([entry.job])
             with self._plans.building(signature):
                 entry = self._cache.get(key)
                 if entry is None:
-                    entry = self._install(key, self._build(signature, prepared, tiered, given))
+                    entry = self._install(key, self._build(signature, prepared, tiered))
                 elif _takes_job(entry, tiered):
                     entry = self._install(key, self._landed(entry, tiered))
                     if not traced and entry.call is not entry.original:  # its trace runs the original
-                        self._dispatch.reset()
+                        self._switch_dispatch()
         self._owe(entry)
         return entry
 
-    def _build(self, signature: Signature, prepared: bool, tiered: bool, given: list[Any] | None) -> Entry:
-        """The plan; or where a call's trace may leave it to the background (Limits.first_call_seconds), an entry
-        that runs the original while the plan is built, validated and timed there (validating and timing a
-        model's plan is seconds: NASNet-A's, 5). A plan runs at once only where it was built and checked within
-        the wait; one kept from an earlier process is switched to on a later call too, since the call that does
-        compiles it, which the wait does not bound (NASNet-A's plan compiles 1 s slower than its original)."""
-        wait = self.options.limits.first_call_seconds
-        if not tiered or prepared or wait == float("inf") or self.options.memory_budget is not None:
+    def _build(self, signature: Signature, prepared: bool, tiered: bool) -> Entry:
+        """The plan; or where a call's trace may leave it to the background (options.background), an entry that
+        runs the original while the plan is built, validated, timed and compiled on the planning thread
+        (validating and timing a model's plan is seconds: NASNet-A's, 5; compiling it, 2-3 more)."""
+        if not (tiered and self.options.background) or prepared or self.options.memory_budget is not None:
             return self._planner.build(signature, prepared)
         captured = self._planner.capture(signature)  # on this thread: the user's function traced as jax.jit would
         if isinstance(captured, Entry):
             return captured
         # the call's own arguments, unless donating them deletes them after the call
-        flat = None if self._dispatch.donates else given
-        if wait == 0:  # planning starts once this call has compiled and run the original
-            background.pause()
-        job = background.submit(lambda: self._checked_plan(self._planner.build(signature, prepared, captured), flat))
-        try:
-            ready = job.result(timeout=wait) if wait > 0 else None
-        except FutureTimeout:
-            ready = None
-        if ready is not None and ready.validated and not ready.plan.stats.get("stored"):
-            return ready
-        job.add_done_callback(functools.partial(_switch, self._plans))  # not self: the job keeps no fun alive
-        if wait > 0:  # planning waits until this call has compiled and run the original
-            background.pause()
+        call = None if self._dispatch.donates else self._pending.call
+        background.pause()  # planning starts once this call has compiled and run the original
         self._pending.paused = True
+        job = background.submit(lambda: self._background_plan(signature, prepared, captured, call))
+        job.add_done_callback(functools.partial(_failed, self._plans))  # not self: keeps no fun alive
         return self._planner.pending_entry(signature, captured, job)
 
-    def _checked_plan(self, entry: Entry, flat: list[Any] | None) -> Entry:
-        """On the planning thread: a new plan validated and timed (on the first call's arguments, or examples),
-        so that the call that switches to it only compiles it. A sharded plan is left to that call, which also
-        checks its collectives against jax.jit's."""
+    def _background_plan(self, signature: Signature, prepared: bool, captured: Captured, call: tuple | None) -> Entry:
+        """On the planning thread: the plan built, validated and timed on the first call's arguments (`call`; on
+        examples where they were donated), put in the cache, and compiled as the dispatch runs it, in a fresh
+        dispatch the calls switch to (the call that switches only dispatches); then the calls are told. A sharded
+        plan is validated by that call, which also checks its collectives against jax.jit's."""
+        entry = self._planner.build(signature, prepared, captured)
         if not entry.validated:
             with jax.ensure_compile_time_eval():
-                flat = examples(entry.signature) if flat is None else flat
+                flat = examples(signature) if call is None else self._signature(*call)[0]
             if not partitioned(flat, entry.plan.graph):
                 run = functools.partial(entry.call, *flat)
                 with jax.core.eval_context():  # as the guard times it: one compile (compile-time eval keys apart)
                     got = jax.block_until_ready(run())
                 self._validate(entry, flat, got, ran=run)
+        if entry.call is entry.original:  # nothing to switch to: the calls' traces run the original already
+            return entry
+        key = (signature, prepared)
+        with self._plans.building(signature):
+            pending = self._cache.get(key)
+            if pending is None or pending.job is None:  # forgotten meanwhile (clear_cache, the LRU bound)
+                return entry
+            self._install(key, entry)  # before the calls switch: a trace from now on finds it
+        if entry.validated and call is not None:
+            warm = self._dispatch.fresh()
+            try:
+                with jax.core.eval_context():
+                    jax.block_until_ready(warm.run(*call[0], **call[1]))
+                self._warm = warm
+            except Exception:  # the call that switches compiles it instead
+                log.debug("eqsat: compiling the plan in the background failed", exc_info=True)
+        self._plans.land()
         return entry
 
     def _landed(self, pending: Entry, tiered: bool) -> Entry:
@@ -429,10 +449,10 @@ class Optimized:
         return entry.mismatched
 
 
-def _switch(plans: SharedPlans, job: Future) -> None:
-    """A background job is done: where its entry runs a plan (or it failed), the dispatches trace again."""
-    entry = None if job.exception() is not None else job.result()
-    if entry is None or entry.call is not entry.original:
+def _failed(plans: SharedPlans, job: Future) -> None:
+    """A background job failed (a plan that ran lands from the job itself): the dispatches trace again, and the
+    trace that meets the failure warns of it."""
+    if job.exception() is not None and not isinstance(job.exception(), background.Stopped):
         plans.land()
 
 
@@ -458,6 +478,7 @@ def optimize(
     memory_budget: int | None = None,
     cache_size: int = 64,
     buckets: Buckets | None = None,
+    background: bool | None = None,
     donate_argnums: int | Sequence[int] | None = None,
     donate_argnames: str | Sequence[str] | None = None,
     **jit_options: Any,
@@ -481,6 +502,9 @@ def optimize(
     cache of what it compiled stays as jax.jit keeps it).
     buckets: eqsat.Buckets(sizes, argnums, axis): pad that axis of those arguments up to the smallest bucket size
     that holds it and slice the results back, so sizes between buckets share one plan and one executable.
+    background: a signature's first call runs jax.jit's program while its plan is built, validated, timed and
+    compiled on a planning thread, and the calls switch to the plan when it is ready; False plans in the first
+    call (default True; environment EQSAT_BACKGROUND=0 switches it off).
     """
     buckets = checked_option(buckets, Buckets, "buckets", "eqsat.Buckets(sizes=(8, 16, 32), argnums=(1,))")
     settings = checked(
@@ -496,6 +520,7 @@ def optimize(
         autotune=autotune,
         memory_budget=memory_budget,
         cache_size=cache_size,
+        background=background,
         donate_argnums=donate_argnums,
         donate_argnames=donate_argnames,
     )

@@ -1,6 +1,6 @@
 """Plans built beside the program, as a tiered JIT builds its optimized tier: a signature's first call runs
-jax.jit's program when its plan takes longer than Limits.first_call_seconds, and a later call switches to the
-plan once it is ready (eqsat/api.py).
+jax.jit's program while its plan is built here, and a later call switches to the plan once it is ready
+(eqsat/api.py, optimize(background=True)).
 
 One daemon thread builds the plans, one at a time. When the process exits, the plan being built stops at its next
 progress event (eqsat/progress.py: each phase, saturation iteration and kernel measured) and the queued ones are
@@ -20,9 +20,9 @@ class Stopped(BaseException):  # not an Exception: planning's own fallbacks (`ex
     """The process is exiting: the plan being built is dropped."""
 
 
-# the default of Limits.first_call_seconds; tests set it to inf (tests/conftest.py), so that a plan's use does not
-# depend on the machine's load; tests/test_background.py sets it itself
-FIRST_CALL_SECONDS = float(os.environ.get("EQSAT_FIRST_CALL_SECONDS", "0"))
+# optimize()'s default; the tests switch it off (tests/conftest.py), so that which program a call runs does not
+# depend on how fast the machine plans; tests/test_background.py switches it on itself
+ON_BY_DEFAULT = os.environ.get("EQSAT_BACKGROUND", "1") != "0"
 
 _jobs: "queue.SimpleQueue[tuple[Future, Callable[[], Any]] | None]" = queue.SimpleQueue()
 _stopping = threading.Event()

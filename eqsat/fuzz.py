@@ -50,7 +50,6 @@ FUZZ_LIMITS = Limits(
     measure_seconds=0.0,
     blame_seconds=2.0,
     guard_seconds=0.0,
-    first_call_seconds=float("inf"),  # a first call runs its plan, except in the "background" transform
 )
 
 DTYPES = ("float32", "float32", "bfloat16", "float16", "int32")
@@ -297,9 +296,10 @@ def run_case(case: Case) -> Outcome:
     if transform == "vmap":
         args = _batched(args)
     limits = dataclasses.replace(FUZZ_LIMITS, guard_seconds=0.02) if case.guard else FUZZ_LIMITS
-    if transform == "background":
-        limits = dataclasses.replace(limits, first_call_seconds=0.0)
-    options: dict[str, Any] = dict(target=case.target, extractor=case.extractor, limits=limits)
+    # a first call runs its plan, except in the "background" transform
+    options: dict[str, Any] = dict(
+        target=case.target, extractor=case.extractor, limits=limits, background=transform == "background"
+    )
     try:
         if transform == "optimize-grad":
             reference_fn = jax.jit(jax.grad(_loss(fun), argnums=_float_args(args)))

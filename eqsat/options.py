@@ -6,7 +6,7 @@ the device profile and collects the rules.
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -16,6 +16,7 @@ from jax._src import api_util  # jax.jit's own argnums resolution
 
 from eqsat import rule_sources
 from eqsat.backends.memory import MEMORY_OPTIMIZED
+from eqsat.background import ON_BY_DEFAULT
 from eqsat.extract.cost import Profile, load_profile
 from eqsat.rule_sources import RuleSource
 from eqsat.saturate import Limits
@@ -41,6 +42,7 @@ class Options:
     autotune: int
     memory_budget: int | None
     cache_size: int
+    background: bool  # a call's first trace leaves its plan to the planning thread (eqsat/background.py)
     jit_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # passed to jax.jit
 
     @property
@@ -58,8 +60,7 @@ class Options:
     @property
     def store_settings(self) -> tuple:
         """What decides a plan besides the program: part of the key plans are kept by across processes."""
-        limits = replace(self.limits, first_call_seconds=0.0)  # how long a call waits changes no plan
-        return (repr(self.profile), self.rule_texts, limits, self.extractor, self.autotune, self.memory_budget)
+        return (repr(self.profile), self.rule_texts, self.limits, self.extractor, self.autotune, self.memory_budget)
 
     def dispatch_options(self) -> dict[str, Any]:
         """The options of the jax.jit that runs the plans: the user's, the argument numbers and names resolved,
@@ -83,6 +84,7 @@ def checked(
     extractor: str,
     autotune: int,
     cache_size: int,
+    background: bool | None,
     **rest: Any,
 ) -> dict[str, Any]:
     """optimize()'s keyword arguments, those that can be checked without the function checked."""
@@ -92,6 +94,8 @@ def checked(
         raise ValueError(f"autotune takes a number of candidate plans to measure (an int >= 0), got {autotune!r}")
     if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
         raise ValueError(f"cache_size takes how many signatures' plans to keep (an int >= 1), got {cache_size!r}")
+    if background is not None and not isinstance(background, bool):
+        raise TypeError(f"background takes True or False, got {background!r:.80}")
     return dict(
         target=target,
         rules=_checked_rules(rules),
@@ -101,6 +105,7 @@ def checked(
         extractor=extractor,
         autotune=autotune,
         cache_size=cache_size,
+        background=ON_BY_DEFAULT if background is None else background,
         **rest,
     )
 
@@ -122,6 +127,7 @@ def resolve(
     autotune: int,
     memory_budget: int | None,
     cache_size: int,
+    background: bool,
     jit_options: dict[str, Any],
 ) -> Options:
     """The options of optimize(fun, ...) (checked by `checked` first), resolved against fun."""
@@ -149,6 +155,7 @@ def resolve(
         autotune=autotune,
         memory_budget=memory_budget,
         cache_size=cache_size,
+        background=background,
         jit_options=MappingProxyType(dict(jit_options)),
     )
 

@@ -13,7 +13,7 @@ from enum import StrEnum
 
 import egglog.bindings as egg
 
-from eqsat import background, guard, progress
+from eqsat import guard, progress
 from eqsat.chains import CHAIN_RULE, FACTOR_RULE, alternatives
 from eqsat.encode import ANALYSIS, FACTS, encode, prelude
 from eqsat.errors import ShapeConflictError
@@ -35,9 +35,6 @@ class Limits:
     blame_seconds: float = 20.0  # after a failed validation, the search for the rules the mismatch depends on
     # after validation, timing the plan against the original (eqsat/guard.py); 0 keeps plans unmeasured
     guard_seconds: float = field(default_factory=lambda: guard.DEFAULT_SECONDS)
-    # how long a call's first trace of a signature waits for its plan: one not ready by then is built in the
-    # background while jax.jit's program runs, and a later call switches to it (eqsat/background.py); inf waits
-    first_call_seconds: float = field(default_factory=lambda: background.FIRST_CALL_SECONDS)
 
 
 @dataclass

@@ -10,9 +10,9 @@ os.environ["EQSAT_CACHE_DIR"] = tempfile.mkdtemp(prefix="eqsat-test-cache-")
 # plans are kept unmeasured (eqsat/guard.py): timing on a loaded CI machine would make tests depend on its load;
 # tests/test_guard.py sets the budget itself
 os.environ["EQSAT_GUARD_SECONDS"] = "0"
-# a call's first trace waits for its plan (eqsat/background.py): which program a call runs must not depend on how
-# fast the machine plans; tests/test_background.py builds plans in the background itself
-os.environ["EQSAT_FIRST_CALL_SECONDS"] = "inf"
+# a first call plans (not the planning thread, eqsat/background.py): which program a call runs must not depend on
+# how fast the machine plans; tests/test_background.py builds plans in the background itself
+os.environ["EQSAT_BACKGROUND"] = "0"
 
 
 def _unmeasured() -> object:

@@ -1,8 +1,7 @@
 """Plans built in the background (eqsat/background.py): a signature's first call runs jax.jit's program while its
 plan is built, validated and timed beside it, and a later call switches to the plan.
 
-Tests elsewhere wait for every plan (tests/conftest.py sets Limits.first_call_seconds to inf); here the wait is
-0, so every new plan is left to the background."""
+Tests elsewhere plan in the first call (tests/conftest.py sets EQSAT_BACKGROUND=0); these ask for background=True."""
 
 import subprocess
 import sys
@@ -17,7 +16,6 @@ import pytest
 
 import eqsat
 
-NO_WAIT = eqsat.Limits(first_call_seconds=0.0)
 X = jnp.arange(12.0).reshape(3, 4) / 10
 W1, W2 = jnp.ones((4, 5)), jnp.full((4, 5), 0.5)
 
@@ -39,7 +37,7 @@ def _entry(fast):
 
 def test_the_first_call_runs_jax_jits_program_and_a_later_call_the_validated_plan():
     program = _program()
-    fast = eqsat.optimize(program, limits=NO_WAIT)
+    fast = eqsat.optimize(program, background=True)
     first = fast(X, W1, W2)
     np.testing.assert_array_equal(first, jax.jit(program)(X, W1, W2))  # the original program, exactly
     pending = _entry(fast)
@@ -48,12 +46,14 @@ def test_the_first_call_runs_jax_jits_program_and_a_later_call_the_validated_pla
     assert plan.rewritten_ops() and fast.cache_info()["planning"] == 0
     entry = _entry(fast)
     assert entry.validated and entry.call is not entry.original and entry.job is None
+    warm = fast._warm  # the plan compiled in a dispatch of its own, on the first call's arguments
+    assert warm is not None and id(entry) in warm.traced
     np.testing.assert_allclose(fast(X, W1, W2), first, rtol=1e-6)
-    assert id(entry) in fast._dispatch.traced  # the call ran the plan
+    assert fast._dispatch is warm  # the call switched to it: nothing traced or compiled in the call
 
 
 def test_a_wrong_plan_found_in_the_background_warns_and_the_original_keeps_running():
-    fast = eqsat.optimize(lambda a, b: jnp.tanh(a + b), rules=['(rewrite (Tanh x) x :name "wrong")'], limits=NO_WAIT)
+    fast = eqsat.optimize(lambda a, b: jnp.tanh(a + b), rules=['(rewrite (Tanh x) x :name "wrong")'], background=True)
     a, b = jnp.ones((64, 64)), jnp.full((64, 64), 2.0)
     expected = jnp.tanh(a + b)
     with warnings.catch_warnings(record=True) as caught:
@@ -78,7 +78,7 @@ def test_a_wrong_plan_found_in_the_background_warns_and_the_original_keeps_runni
 )
 def test_what_a_caller_keeps_is_traced_with_the_plan(caller):
     """An outer jax.jit, a gradient or an ahead-of-time lowering keeps its trace: the plan is waited for."""
-    fast = eqsat.optimize(_program(), limits=NO_WAIT)
+    fast = eqsat.optimize(_program(), background=True)
     caller(fast)
     entry = _entry(fast)
     assert entry.job is None and entry.plan.rewritten_ops() and entry.validated
@@ -86,7 +86,7 @@ def test_what_a_caller_keeps_is_traced_with_the_plan(caller):
 
 def test_forgetting_plans_while_one_is_built_is_harmless():
     program = _program()
-    fast = eqsat.optimize(program, limits=NO_WAIT)
+    fast = eqsat.optimize(program, background=True)
     expected = jax.jit(program)(X, W1, W2)
     fast(X, W1, W2)
     job = _entry(fast).job
@@ -116,7 +116,7 @@ def test_a_process_exits_without_waiting_for_the_plan_being_built(tmp_path):
             raise AssertionError("not stopped")
 
         planning.saturate = slow_saturate
-        fast = eqsat.optimize(lambda x: jnp.tanh(x) * 2, limits=eqsat.Limits(first_call_seconds=0.0))
+        fast = eqsat.optimize(lambda x: jnp.tanh(x) * 2, background=True)
         print("result:", float(fast(jnp.ones(3)).sum()))
         (entry,) = fast._cache.values()
         jobs.append(entry.job)

@@ -302,6 +302,7 @@ def test_argument_checks_raise_what_jax_jit_raises():
         ({"rules": 42}, r"rule file paths or egglog text"),
         ({"rules": ""}, r"empty string"),
         ({"autotune": -1}, r"number of candidate plans"),
+        ({"background": "yes"}, r"background takes True or False"),
     ],
 )
 def test_wrong_option_values_say_what_was_expected(options, expected):

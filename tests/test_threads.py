@@ -80,3 +80,23 @@ def test_threads_get_correct_results_and_each_plan_is_built_and_validated_once(
         assert all(p.rewritten_ops() and p.fallback is None for p in plans)
     else:
         assert all("differed from the original" in p.fallback for p in plans)
+
+
+@pytest.mark.parametrize("rules", [None, _BAD_RULE], ids=["sound", "unsound-rule"])
+def test_threads_get_correct_results_while_plans_are_built_in_the_background(rules):
+    """With background=True, every call runs the original or a validated plan, whichever thread's call switches.
+    Kernels priced by roofline: timed while the threads run, they would follow the load."""
+    sizes = list(range(40, 72, 8))
+    limits = eqsat.Limits(blame_seconds=0, measure_seconds=0)
+    fast = eqsat.optimize(_chain, rules=rules, background=True, limits=limits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", eqsat.EqsatWarning)
+        wrong, errors = _hammer(fast, sizes)
+        assert not errors and not wrong
+        plans = [fast.plan(*(np.zeros(s, np.float32) for s in ((n, n), (n, n), (n, 2)))) for n in sizes]
+        wrong, errors = _hammer(fast, sizes)  # the plans are ready now: the calls switch to them
+        assert not errors and not wrong
+    if rules is None:
+        assert all(p.rewritten_ops() and p.fallback is None for p in plans)
+    else:
+        assert all("differed from the original" in p.fallback for p in plans)
