@@ -66,7 +66,6 @@ class _Dispatch:
 
     def reset(self) -> None:
         self.landings = self.plans.landings  # the plans built in the background that this trace cache can run
-        self.traced: set[int] = set()  # the entries its traces run (by id)
         ref, dispatch = self.body, weakref.ref(self)  # weakly, as the body: no cycle through the jax.jit
         body = functools.wraps(self.fun, updated=())(lambda *args, **kwargs: ref()(dispatch(), *args, **kwargs))
         self.run = jax.jit(body, **self.jit_options)
@@ -226,7 +225,7 @@ class Optimized:
         tiered = call is not None and concrete(self._signature(*call)[0])
         with jax.core.eval_context():  # planning runs on plain values, outside this trace
             entry = self._entry(signature, traced=True, tiered=tiered)
-        dispatch.traced.add(id(entry))
+        entry.traced = True
         if dispatch.donates and entry in self._unvalidated:  # the arguments are gone after the call
             self._unvalidated.remove(entry)
             self._validate(entry)
@@ -268,8 +267,8 @@ class Optimized:
         # traced by another thread, this call may have run it before it fell back (not where arguments are
         # donated: then every trace validates its plan before it runs it)
         maybe_ran = raced and own is not None and own.mismatched and not self._dispatch.donates
-        # not validated yet, and traced into this dispatch (one built in the background may not be, yet)
-        unvalidated = own is not None and not own.validated and id(own) in self._dispatch.traced
+        # not validated yet, and traced, so that a call may have run it (one built in the background may not be yet)
+        unvalidated = own is not None and not own.validated and own.traced
         if own is not None and own not in pending and (unvalidated or maybe_ran):
             pending.append(own)
         if not pending:
@@ -442,7 +441,7 @@ class Optimized:
                     warm = ran is not None or got is None
                     if not validate.timed(self._planner, entry, plan_call, lambda: original(*flat), warm):
                         entry.call = entry.original
-                if entry.call is entry.original and id(entry) in self._dispatch.traced:  # before the plan counts
+                if entry.call is entry.original and entry.traced:  # before the plan counts
                     self._dispatch.reset()  # as validated: no call finds its trace
                 entry.validated, entry.reference = True, None  # the reference: an executable of its own, not kept
                 self._plans.unchecked.discard(id(entry))

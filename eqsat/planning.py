@@ -57,6 +57,7 @@ class Entry:
     mismatched: bool = False  # validation found the plan's results wrong: the original runs
     # the plan being built in the background (eqsat/background.py): until it is ready this entry runs the original
     job: Future | None = None
+    traced: bool = False  # a dispatch's trace runs it, so a call may have
 
 
 @dataclass(frozen=True)
