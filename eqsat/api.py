@@ -110,14 +110,17 @@ class Optimized:
         # a plan not validated yet may run in this call, even one another thread builds while it runs (jax.jit's
         # trace cache is shared): then the call settles its signature's plan
         unsettled, builds = bool(self._plans.unchecked), self._plans.builds
-        self._pending.call = (args, kwargs)  # a trace of a concrete call may leave its plan to the background
+        self._pending.call, out = (args, kwargs), None  # a concrete call's trace may leave its plan to the background
         try:
             out = self._dispatch.run(*args, **kwargs)  # the fast path: nothing more once a signature is planned
         finally:
             self._pending.call = None
-            if self._pending.paused:  # this call's trace left its plan to the background: planning goes on
-                self._pending.paused = False
-                background.resume()
+            if self._pending.paused:  # this call's trace left its plan to the background: planning starts once
+                self._pending.paused = False  # the call has run (jax runs it asynchronously: NASNet-A, 0.6 s)
+                try:
+                    jax.block_until_ready(out)
+                finally:
+                    background.resume()
         raced = unsettled or builds != self._plans.builds
         if raced or self._plans.unchecked or self._unvalidated or self._unbudgeted:
             return self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out, raced=raced)
@@ -317,6 +320,9 @@ class Optimized:
         `traced`: for a dispatch's trace; `tiered`: a concrete call's, which may run the original while the plan
         is built in the background. Otherwise a plan being built is waited for, and the calls switch to it."""
         key = (signature, prepared)
+        ready = self._pending.ready  # on the planning thread, compiling a plan before it is installed
+        if ready is not None and ready[0] == key:
+            return ready[1]
         entry = self._cache.get(key)
         if entry is None or _takes_job(entry, tiered):
             if entry is not None:  # waited for outside the lock, which the job takes to install its plan
@@ -351,8 +357,8 @@ class Optimized:
 
     def _background_plan(self, signature: Signature, prepared: bool, captured: Captured, call: tuple | None) -> Entry:
         """On the planning thread: the plan built, validated and timed on the first call's arguments (`call`; on
-        examples where they were donated), put in the cache, and compiled as the dispatch runs it, in a fresh
-        dispatch the calls switch to (the call that switches only dispatches); then the calls are told. A sharded
+        examples where they were donated), compiled as the dispatch runs it in a fresh dispatch the calls switch
+        to (the call that switches only dispatches), and put in the cache; then the calls are told. A sharded
         plan is validated by that call, which also checks its collectives against jax.jit's."""
         entry = self._planner.build(signature, prepared, captured)
         if not entry.validated:
@@ -366,21 +372,30 @@ class Optimized:
         if entry.call is entry.original:  # nothing to switch to: the calls' traces run the original already
             return entry
         key = (signature, prepared)
+        warm = self._compiled(key, entry, call) if entry.validated and call is not None else None
         with self._plans.building(signature):
             pending = self._cache.get(key)
             if pending is None or pending.job is None:  # forgotten meanwhile (clear_cache, the LRU bound)
                 return entry
-            self._install(key, entry)  # before the calls switch: a trace from now on finds it
-        if entry.validated and call is not None:
-            warm = self._dispatch.fresh()
-            try:
-                with jax.core.eval_context():
-                    jax.block_until_ready(warm.run(*call[0], **call[1]))
-                self._warm = warm
-            except Exception:  # the call that switches compiles it instead
-                log.debug("eqsat: compiling the plan in the background failed", exc_info=True)
+            self._install(key, entry)
+            self._warm = warm or self._warm
         self._plans.land()
         return entry
+
+    def _compiled(self, key: tuple, entry: Entry, call: tuple) -> _Dispatch | None:
+        """A fresh dispatch with the entry's plan traced and compiled in it, by a call on `call`'s arguments
+        (the trace takes this entry, not the cache's: it is installed once compiled)."""
+        warm = self._dispatch.fresh()
+        self._pending.ready = (key, entry)
+        try:
+            with jax.core.eval_context():
+                jax.block_until_ready(warm.run(*call[0], **call[1]))
+            return warm
+        except Exception:  # the call that switches compiles it instead
+            log.debug("eqsat: compiling the plan in the background failed", exc_info=True)
+            return None
+        finally:
+            self._pending.ready = None
 
     def _landed(self, pending: Entry, tiered: bool) -> Entry:
         """The entry a background job built, waited for. A bad rule or shape conflict it found is raised, or

@@ -52,6 +52,7 @@ class PerThread(threading.local):
         self.unbudgeted: list[Any] = []
         self.call: tuple | None = None  # the arguments of the call whose dispatch runs now
         self.paused = False  # that call paused planning in the background (eqsat/background.py)
+        self.ready: tuple | None = None  # (key, entry) the planning thread compiles before it installs it
 
 
 # Plans are shared by every optimize() of one function with the same settings, as jax.jit shares its traces:
