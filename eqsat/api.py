@@ -224,10 +224,11 @@ class Optimized:
     def _traced(self, dispatch: _Dispatch, *args: Any, **kwargs: Any) -> Any:
         """The body `dispatch` traces: look up (or build) the plan for these abstract values and inline it."""
         call, flat, signature = self._pending.call, *self._signature(args, kwargs)
-        # a call's own trace, on concrete arguments: not one an outer transformation or `.lower` keeps
-        tiered = call is not None and concrete(self._signature(*call)[0])
+        # with background on, a call's own trace on concrete arguments (not one an outer transformation or `.lower`
+        # keeps) may leave its plan to the planning thread
+        tiered = self.options.background and call is not None and concrete(self._signature(*call)[0])
         with jax.core.eval_context():  # planning runs on plain values, outside this trace
-            entry = self._entry(signature, traced=True, tiered=tiered)
+            entry = self._entry(signature, tiered=tiered)
         entry.traced = True
         if dispatch.donates and entry in self._unvalidated:  # the arguments are gone after the call
             self._unvalidated.remove(entry)
@@ -314,11 +315,12 @@ class Optimized:
     _unvalidated = _per_thread("unvalidated", "The plans this thread's calls built or ran and have not validated yet.")
     _unbudgeted = _per_thread("unbudgeted", "The plans this thread built since its last budget check.")
 
-    def _entry(self, signature: Signature, prepared: bool = False, traced: bool = False, tiered: bool = False) -> Entry:
+    def _entry(self, signature: Signature, prepared: bool = False, tiered: bool = False) -> Entry:
         """The entry of this signature and mode, built by one thread while the others that need it wait.
 
-        `traced`: for a dispatch's trace; `tiered`: a concrete call's, which may run the original while the plan
-        is built in the background. Otherwise a plan being built is waited for, and the calls switch to it."""
+        `tiered`: for a concrete call's trace, which may run the original while the plan is built in the
+        background. Otherwise a plan being built is waited for (its job puts a plan that runs in the cache
+        itself; what is left to take here is an original, or a failure)."""
         key = (signature, prepared)
         ready = self._pending.ready  # on the planning thread, compiling a plan before it is installed
         if ready is not None and ready[0] == key:
@@ -333,16 +335,14 @@ class Optimized:
                     entry = self._install(key, self._build(signature, prepared, tiered))
                 elif _takes_job(entry, tiered):
                     entry = self._install(key, self._landed(entry, tiered))
-                    if not traced and entry.call is not entry.original:  # its trace runs the original
-                        self._switch_dispatch()
         self._owe(entry)
         return entry
 
     def _build(self, signature: Signature, prepared: bool, tiered: bool) -> Entry:
-        """The plan; or where a call's trace may leave it to the background (options.background), an entry that
+        """The plan; or where a call's trace may leave it to the background (`tiered`), an entry that
         runs the original while the plan is built, validated, timed and compiled on the planning thread
         (validating and timing a model's plan is seconds: NASNet-A's, 5; compiling it, 2-3 more)."""
-        if not (tiered and self.options.background) or prepared or self.options.memory_budget is not None:
+        if not tiered or prepared or self.options.memory_budget is not None:
             return self._planner.build(signature, prepared)
         captured = self._planner.capture(signature)  # on this thread: the user's function traced as jax.jit would
         if isinstance(captured, Entry):

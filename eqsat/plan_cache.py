@@ -34,7 +34,7 @@ class SharedPlans:
             return self._locks.setdefault(signature, threading.RLock())
 
     def land(self) -> None:
-        """A plan built in the background is ready to run (from its job's done-callback)."""
+        """A plan built in the background is ready to run (from its job), or its job failed (its done-callback)."""
         with self._locks_lock:
             self.landings += 1
 
