@@ -184,6 +184,45 @@ def depth(form: str) -> dict[str, Any]:
     }
 
 
+def new_shape(seconds: float) -> dict[str, Any]:
+    """NASNet-A planned at batch 1, then at batch 2: its kernels priced from batch 1's measurements (the default)
+    against measured again (timing_transfer=0); planning time and each plan's speed against jax.jit."""
+    from benches.models.registry import MODELS
+    from eqsat.extract import timing
+
+    work = MODELS["nasnet_a"]("full")
+    params, x = work.args
+    bigger = (params, jnp.concatenate([x, x]))
+    rows = {}
+    for label, limits, args in (
+        ("batch 1", eqsat.Limits(), work.args),
+        ("batch 2, priced from batch 1", eqsat.Limits(), bigger),
+        ("batch 2, measured", eqsat.Limits(timing_transfer=0), bigger),
+    ):
+        fast = eqsat.optimize(work.fn, params_argnums=work.params_argnums, limits=limits)
+        start = time.perf_counter()
+        plan = fast.plan(*args)
+        plan_s = time.perf_counter() - start
+        stats = plan.stats
+        rows[label] = {
+            "plan_s": round(plan_s, 2),
+            "kernels_measured": int(stats.get("timing_measured", 0)),
+            "kernels_transferred": int(stats.get("timing_transferred", 0)),
+            "vs_jit": str(compare(jax.jit(work.fn), fast, args, seconds)),
+            "rewritten": plan.rewritten_ops(),
+        }
+        if label.startswith("batch 2, priced"):  # what the next row measures, it must not find carried over
+            timing.cache_for(timing.local_device()).transfers.clear()
+    carried, measured = rows["batch 2, priced from batch 1"], rows["batch 2, measured"]
+    return {
+        "case": "new_shape",
+        "model": work.name,
+        **rows,
+        "bar": "a new shape of a planned program reuses what does not depend on shape (no kernel measured again)",
+        "holds": carried["kernels_measured"] == 0 and carried["plan_s"] < measured["plan_s"],
+    }
+
+
 # ------------------------------------------------------------------------------------------------ processes
 
 
@@ -303,6 +342,7 @@ CASES: dict[str, Callable[[float], dict[str, Any]]] = {
     "depth_grad": lambda s: depth("grad"),
     "second_process": lambda s: second_process(),
     "shapes_60": lambda s: shapes(),
+    "new_shape": new_shape,
 }
 
 

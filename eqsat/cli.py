@@ -375,7 +375,7 @@ def _warm(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(str(error)) from None
     work = workload(args)
-    limits = eqsat.Limits(measure_seconds=args.budget)
+    limits = eqsat.Limits(measure_seconds=args.budget, timing_transfer=0)  # measured at these very shapes
     with progress.live_progress(None if args.progress else False):
         plan = eqsat.optimize(work.fn, target=args.target, limits=limits, validate=False).plan(*work.args)
     stats = plan.stats

@@ -168,7 +168,8 @@ class Planner:
             # the original priced as the parts were: by the timing cache their measurements filled
             return repeats.compose(graph, parts, glue, blocks, attached(options.profile))
         memory_weight = 1.0 if options.memory_budget is not None else 0.0
-        profile, timing = priced(options.profile, snapshot, options.limits.measure_seconds)
+        limits = options.limits
+        profile, timing = priced(options.profile, snapshot, limits.measure_seconds, limits.timing_transfer)
         plan = build_plan(graph, snapshot, profile, prepared, options.extractor, seconds, forbid, memory_weight)
         plan.stats.update(timing)
         return plan

@@ -32,6 +32,9 @@ class Limits:
     extract_seconds: float = 0.5  # the ILP's (and the sharing pass's) budget when extractor="auto" or "ilp"
     # measuring kernels the timing cache lacks (extract/timing.py), per signature; 0 prices them by roofline alone
     measure_seconds: float = 10.0
+    # a kernel measured at another shape within this factor of its roofline is priced from there, not measured
+    # again (extract/timing.py); 0 measures every new shape
+    timing_transfer: float = 4.0
     blame_seconds: float = 20.0  # after a failed validation, the search for the rules the mismatch depends on
     # after validation, timing the plan against the original (eqsat/guard.py); 0 keeps plans unmeasured
     guard_seconds: float = field(default_factory=lambda: guard.DEFAULT_SECONDS)

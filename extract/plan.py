@@ -110,6 +110,7 @@ class Plan:
                 f"  kernel costs     {sum(n.cost.measured for n in contractions)} of {len(contractions)} measured "
                 f"(timing cache: {int(self.stats.get('timing_hits', 0))} hits, "
                 f"{int(self.stats.get('timing_measured', 0))} measured now, "
+                f"{int(self.stats.get('timing_transferred', 0))} from other shapes, "
                 f"{int(self.stats.get('timing_skipped', 0))} over budget), the rest predicted by roofline"
             )
         if self.rules_fired:

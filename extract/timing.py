@@ -5,11 +5,15 @@ one), so a contraction-class node and each of its alternatives is priced by comp
 the device the plan is for, the median kept. Entries are keyed by op, attributes, input shapes and dtype, and kept
 per device and jax version as versioned JSON in eqsat's cache directory, so a later process measures nothing again.
 A cache measured elsewhere (a GPU machine) is imported with `python -m eqsat tune --import FILE` and prices plans
-for the profile that names that device.
+for the profile that names that device. A new shape of a kernel measured before is priced from the nearest shape
+measured (`transferred`) instead of measured again: what a kernel achieves against its roofline changes little
+between nearby shapes, and the plan's guard times the result anyway.
 """
 
+import functools
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -21,7 +25,7 @@ import jaxlib
 import numpy as np
 
 from eqsat import progress
-from eqsat.extract.cost import Profile, cache_dir, node_key
+from eqsat.extract.cost import Profile, cache_dir, node_cost, node_key
 from eqsat.measure import median_time
 from eqsat.ops import OPS, CostClass
 from eqsat.sample import example_array
@@ -57,6 +61,8 @@ class TimingCache:
     versions: str
     entries: dict[str, float | None] = field(default_factory=dict)  # None: too fast to measure, roofline-priced
     path: Path | None = None
+    # prices carried over from another shape's measurement (see `transferred`): not saved, a measurement wins
+    transfers: dict[str, float | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def to_json(self) -> str:
@@ -212,15 +218,78 @@ def wanted_nodes(snapshot: Snapshot) -> list[Wanted]:
     return wanted
 
 
-def priced(profile: Profile, snapshot: Snapshot, budget: float) -> tuple[Profile, dict[str, float]]:
-    """The profile with the timing cache of its device attached, after measuring what it lacks (on this device
+def transferred(cache: TimingCache, wanted: list[Wanted], profile: Profile, within: float) -> dict[str, float | None]:
+    """Prices for the wanted kernels the cache lacks, from the same kernel (op, attributes, dtype, input ranks)
+    measured at the shape whose roofline is nearest, if within `within` times this one's: its seconds scaled by
+    the rooflines' ratio. A kernel too fast to measure there passes that on only to shapes no bigger."""
+    missing = {w.key: w for w in wanted if w.key not in cache.entries}
+    if within < 1 or not missing:
+        return {}
+    with cache.lock:
+        entries = dict(cache.entries)
+    measured_shapes: dict[str, list[tuple[Shape, ...]]] = {}
+    for key in entries:
+        family, shapes = _family(key)
+        measured_shapes.setdefault(family, []).append(shapes)
+    bare = replace(profile, timings={})
+    prices: dict[str, float | None] = {}
+    for w in missing.values():
+        family, _ = _family(w.key)
+        here = _roofline(w, w.in_shapes, bare)
+        rooflines = [(r, s) for s in measured_shapes.get(family, ()) if (r := _roofline(w, s, bare)) is not None]
+        if here is None or not rooflines:
+            continue
+        there, shapes = min(rooflines, key=lambda rs: abs(math.log(here / rs[0])))
+        ratio = here / there
+        seconds = entries[node_key(w.op, w.attrs, list(shapes), w.dtype)]
+        if not 1 / within <= ratio <= within or (seconds is None and ratio > 1):
+            continue
+        prices[w.key] = None if seconds is None else seconds * ratio
+    return prices
+
+
+def _family(key: str) -> tuple[str, tuple[Shape, ...]]:
+    """A timing-cache key without its shapes (kept: their ranks), and the shapes."""
+    op, attrs, shapes, dtype = json.loads(key)
+    return json.dumps([op, attrs, [len(s) for s in shapes], dtype]), tuple(tuple(s) for s in shapes)
+
+
+def _roofline(wanted: Wanted, in_shapes: tuple[Shape, ...], profile: Profile) -> float | None:
+    """The roofline seconds of the wanted kernel at these input shapes (None where the op does not take them)."""
+    out = _out_shape(wanted.op, wanted.attrs, in_shapes, wanted.in_dtypes)
+    if out is None:
+        return None
+    return max(node_cost(wanted.op, list(in_shapes), out, wanted.dtype, profile, wanted.attrs).seconds, 1e-12)
+
+
+@functools.lru_cache(maxsize=4096)
+def _out_shape(op: str, attrs: tuple, in_shapes: tuple[Shape, ...], in_dtypes: tuple[str, ...]) -> Shape | None:
+    """The op's output shape, from its lowering (the op table's), traced on abstract inputs."""
+    spec = OPS[op]
+    inputs = [jax.ShapeDtypeStruct(s, d) for s, d in zip(in_shapes, in_dtypes, strict=True)]
+    try:
+        return tuple(jax.eval_shape(lambda *xs: spec.lower(attrs, *xs), *inputs).shape)
+    except Exception:  # shapes this op's attributes do not fit
+        return None
+
+
+def priced(
+    profile: Profile, snapshot: Snapshot, budget: float, transfer_within: float
+) -> tuple[Profile, dict[str, float]]:
+    """The profile with the timing cache of its device attached, after pricing what it lacks: from the nearest
+    measured shape where one is within `transfer_within` (see `transferred`), else by measuring (on this device
     only, within `budget` seconds); and what happened, for the plan's stats."""
     if not profile.timing_device:
         return profile, {}
     cache = cache_for(profile.timing_device)
     here = profile.timing_device == local_device()
     start = time.perf_counter()
-    counts = measure(cache, wanted_nodes(snapshot), budget if here else 0.0)
+    wanted = wanted_nodes(snapshot)
+    carried = transferred(cache, wanted, profile, transfer_within)
+    with cache.lock:
+        cache.transfers.update(carried)
+    counts = measure(cache, [w for w in wanted if w.key not in carried], budget if here else 0.0)
+    counts["transferred"] = len(carried)
     stats = {f"timing_{k}": float(v) for k, v in counts.items()}
     if counts["measured"]:
         stats["measure_s"] = time.perf_counter() - start
@@ -228,10 +297,10 @@ def priced(profile: Profile, snapshot: Snapshot, budget: float) -> tuple[Profile
 
 
 def attached(profile: Profile) -> Profile:
-    """The profile with what its device's timing cache holds (nothing is measured)."""
+    """The profile with what its device's timing cache holds, measured or transferred (nothing is measured)."""
     if not profile.timing_device:
         return profile
     cache = cache_for(profile.timing_device)
     with cache.lock:
-        entries = {k: v for k, v in cache.entries.items() if v is not None}
+        entries = {k: v for k, v in {**cache.transfers, **cache.entries}.items() if v is not None}
     return replace(profile, timings=entries)

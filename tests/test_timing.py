@@ -12,7 +12,7 @@ from jax import lax
 import eqsat
 from eqsat.__main__ import main
 from eqsat.extract import timing
-from eqsat.extract.cost import load_profile, node_key
+from eqsat.extract.cost import Profile, load_profile, node_cost, node_key
 
 X = jnp.asarray(np.random.default_rng(0).standard_normal((2, 40, 40, 16)), jnp.float32)
 W = jnp.asarray(np.random.default_rng(1).standard_normal((3, 3, 1, 16)), jnp.float32)
@@ -104,11 +104,14 @@ def test_tune_warms_and_exports(cache_dir, tmp_path, capsys):
         before = (cache_dir / "timing" / "cpu_cpu.json").read_text()
         assert main(args) == 0  # warm: nothing is measured again
         assert (cache_dir / "timing" / "cpu_cpu.json").read_text() == before
+        # tune measures the shapes it is given, even next to a shape measured before
+        assert main(["tune", "dwmod:dw", "--args", "f32[3,24,24,8]", "f32[3,3,1,8]", "--no-progress"]) == 0
+        assert "2 measured now" in capsys.readouterr().out
     finally:
         sys.path.remove(str(tmp_path))
     out = tmp_path / "export.json"
     assert main(["tune", "--export", str(out)]) == 0
-    assert len(timing.parse(out.read_text(), str(out)).entries) == 2
+    assert len(timing.parse(out.read_text(), str(out)).entries) == 4
 
 
 @pytest.mark.parametrize(("shifted", "chosen"), [(0.9, False), (0.5, True)])
@@ -121,3 +124,54 @@ def test_an_alternative_must_beat_its_rival_by_the_switch_margin(cache_dir, shif
     assert profile.switch_margin == 1.3
     plan = eqsat.optimize(lambda x, w: depthwise(x, w), target=profile).plan(X, W)
     assert (plan.rewritten_ops() == {"ShiftConv": 1}) is chosen
+
+
+def _imported(cache_dir, device: str, conv: float, shifted: float) -> Profile:
+    """A profile priced by a made-up device's cache holding the Conv and ShiftConv of X measured."""
+    entries = {_keys("Conv"): conv, _keys("ShiftConv"): shifted}
+    (cache_dir / "made-up.json").write_text(timing.TimingCache(device, timing.versions(), entries).to_json())
+    assert main(["tune", "--import", str(cache_dir / "made-up.json")]) == 0
+    return dataclasses.replace(load_profile("cpu"), timing_device=device)
+
+
+@pytest.mark.parametrize(("shifted", "chosen"), [(1.0, False), (0.1, True)])
+def test_a_new_shape_is_priced_from_the_nearest_measured_one(cache_dir, shifted, chosen):
+    profile = _imported(cache_dir, "gpu:transfer", 1e-3, shifted * 1e-3)
+    x3 = jnp.concatenate([X, X[:1]])  # batch 3: its kernels were measured at batch 2 only
+    plan = eqsat.optimize(lambda x, w: depthwise(x, w), target=profile).plan(x3, W)
+    assert plan.stats["timing_transferred"] == 2 and plan.stats["timing_skipped"] == 0
+    assert (plan.rewritten_ops() == {"ShiftConv": 1}) is chosen  # the choice made at batch 2 holds
+    assert "2 from other shapes" in plan.summary()
+    # the price: batch 2's seconds scaled by the rooflines' ratio (both inputs and the output grow by 3/2 but the
+    # weight does not), and kept apart from what was measured
+    cache = timing.cache_for("gpu:transfer")
+    bare = load_profile("cpu")
+    roofline = {b: node_cost("Conv", [(b, 40, 40, 16), W.shape], (b, 40, 40, 16), "float32", bare,
+                             (1, 1, 1, 1, 1, 1, 1, 1, 16)).seconds for b in (2, 3)}  # fmt: skip
+    conv_at_3 = node_key("Conv", (1, 1, 1, 1, 1, 1, 1, 1, 16), [x3.shape, W.shape], "float32")
+    assert cache.transfers[conv_at_3] == pytest.approx(1e-3 * roofline[3] / roofline[2])
+    assert conv_at_3 not in cache.entries
+
+
+def test_a_shape_far_from_any_measured_one_is_not_priced_from_it(cache_dir):
+    profile = _imported(cache_dir, "gpu:far", 1e-3, 1e-4)
+    x40 = jnp.tile(X, (20, 1, 1, 1))  # 20 times the work: more than Limits.timing_transfer's factor of 4
+    plan = eqsat.optimize(lambda x, w: depthwise(x, w), target=profile).plan(x40, W)
+    assert plan.stats["timing_transferred"] == 0 and plan.stats["timing_skipped"] == 2  # another device: roofline
+    near = jnp.concatenate([X, X[:1]])
+    off = eqsat.optimize(lambda x, w: depthwise(x, w), target=profile, limits=eqsat.Limits(timing_transfer=0))
+    assert off.plan(near, W).stats["timing_transferred"] == 0
+
+
+def test_a_kernel_too_fast_to_measure_passes_that_on_to_smaller_shapes_only(cache_dir):
+    cache = timing.cache_for("cpu:cpu")
+    cache.entries[_keys("Conv")] = None  # measured at batch 2 as faster than a few calls' overhead
+    attrs = (1, 1, 1, 1, 1, 1, 1, 1, 16)
+
+    def wanted(batch: int) -> timing.Wanted:
+        shapes = ((batch, 40, 40, 16), W.shape)
+        return timing.Wanted(node_key("Conv", attrs, list(shapes), "float32"), "Conv", attrs, shapes, "float32",
+                             ("float32", "float32"))  # fmt: skip
+
+    prices = timing.transferred(cache, [wanted(1), wanted(3)], load_profile("cpu"), 4.0)
+    assert prices == {wanted(1).key: None}  # batch 3 may be slow enough to measure: it is measured
