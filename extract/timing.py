@@ -220,8 +220,10 @@ def wanted_nodes(snapshot: Snapshot) -> list[Wanted]:
 
 def transferred(cache: TimingCache, wanted: list[Wanted], profile: Profile, within: float) -> dict[str, float | None]:
     """Prices for the wanted kernels the cache lacks, from the same kernel (op, attributes, dtype, input ranks)
-    measured at the shape whose roofline is nearest, if within `within` times this one's: its seconds scaled by
-    the rooflines' ratio. A kernel too fast to measure there passes that on only to shapes no bigger."""
+    measured at shapes that differ in at most two dimensions in all (a batch size, a sequence length, an image's
+    height and width; not another layer's channels), the one whose roofline is nearest, if within `within` times
+    this one's: its seconds scaled by the rooflines' ratio. A kernel too fast to measure there passes that on only
+    to shapes no bigger."""
     missing = {w.key: w for w in wanted if w.key not in cache.entries}
     if within < 1 or not missing:
         return {}
@@ -236,7 +238,8 @@ def transferred(cache: TimingCache, wanted: list[Wanted], profile: Profile, with
     for w in missing.values():
         family, _ = _family(w.key)
         here = _roofline(w, w.in_shapes, bare)
-        rooflines = [(r, s) for s in measured_shapes.get(family, ()) if (r := _roofline(w, s, bare)) is not None]
+        near = [s for s in measured_shapes.get(family, ()) if _dims_apart(s, w.in_shapes) <= _DIMS_APART]
+        rooflines = [(r, s) for s in near if (r := _roofline(w, s, bare)) is not None]
         if here is None or not rooflines:
             continue
         there, shapes = min(rooflines, key=lambda rs: abs(math.log(here / rs[0])))
@@ -246,6 +249,14 @@ def transferred(cache: TimingCache, wanted: list[Wanted], profile: Profile, with
             continue
         prices[w.key] = None if seconds is None else seconds * ratio
     return prices
+
+
+_DIMS_APART = 2
+
+
+def _dims_apart(a: tuple[Shape, ...], b: tuple[Shape, ...]) -> int:
+    """How many dimensions of the inputs' shapes differ (the ranks are equal)."""
+    return sum(x != y for sa, sb in zip(a, b, strict=True) for x, y in zip(sa, sb, strict=True))
 
 
 def _family(key: str) -> tuple[str, tuple[Shape, ...]]:

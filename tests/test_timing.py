@@ -158,6 +158,10 @@ def test_a_shape_far_from_any_measured_one_is_not_priced_from_it(cache_dir):
     x40 = jnp.tile(X, (20, 1, 1, 1))  # 20 times the work: more than Limits.timing_transfer's factor of 4
     plan = eqsat.optimize(lambda x, w: depthwise(x, w), target=profile).plan(x40, W)
     assert plan.stats["timing_transferred"] == 0 and plan.stats["timing_skipped"] == 2  # another device: roofline
+    # batch, height and width all changed: 3 dimensions apart, though within the roofline factor (2.2x)
+    apart = jnp.zeros((3, 48, 48, 16), jnp.float32)
+    plan = eqsat.optimize(lambda x, w: depthwise(x, w), target=profile).plan(apart, W)
+    assert plan.stats["timing_transferred"] == 0 and plan.stats["timing_skipped"] == 2
     near = jnp.concatenate([X, X[:1]])
     off = eqsat.optimize(lambda x, w: depthwise(x, w), target=profile, limits=eqsat.Limits(timing_transfer=0))
     assert off.plan(near, W).stats["timing_transferred"] == 0
