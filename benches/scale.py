@@ -194,20 +194,21 @@ def depth(form: str) -> dict[str, Any]:
     }
 
 
-def new_shape(seconds: float) -> dict[str, Any]:
-    """NASNet-A planned at batch 1, then at batch 2: its kernels priced from batch 1's measurements (the default)
-    against measured again (timing_transfer=0); planning time and each plan's speed against jax.jit."""
+def new_shape(model: str, seconds: float) -> dict[str, Any]:
+    """A suite model planned at its batch, then at twice it: the kernels priced from the first batch's
+    measurements (the default) against measured again (timing_transfer=0); planning time and each plan's speed
+    against jax.jit."""
     from benches.models.registry import MODELS
     from eqsat.extract import timing
 
-    work = MODELS["nasnet_a"]("full")
+    work = MODELS[model]("full")
     params, x = work.args
     bigger = (params, jnp.concatenate([x, x]))
     rows = {}
     for label, limits, args in (
-        ("batch 1", eqsat.Limits(), work.args),
-        ("batch 2, priced from batch 1", eqsat.Limits(), bigger),
-        ("batch 2, measured", eqsat.Limits(timing_transfer=0), bigger),
+        ("batch", eqsat.Limits(), work.args),
+        ("twice the batch, priced from the batch", eqsat.Limits(), bigger),
+        ("twice the batch, measured", eqsat.Limits(timing_transfer=0), bigger),
     ):
         fast = eqsat.optimize(work.fn, params_argnums=work.params_argnums, limits=limits)
         start = time.perf_counter()
@@ -221,11 +222,11 @@ def new_shape(seconds: float) -> dict[str, Any]:
             "vs_jit": str(compare(jax.jit(work.fn), fast, args, seconds)),
             "rewritten": plan.rewritten_ops(),
         }
-        if label.startswith("batch 2, priced"):  # what the next row measures, it must not find carried over
+        if "priced" in label:  # what the next row measures, it must not find carried over
             timing.cache_for(timing.local_device()).transfers.clear()
-    carried, measured = rows["batch 2, priced from batch 1"], rows["batch 2, measured"]
+    carried, measured = rows["twice the batch, priced from the batch"], rows["twice the batch, measured"]
     return {
-        "case": "new_shape",
+        "case": f"new_shape_{model}",
         "model": work.name,
         **rows,
         "bar": "a new shape of a planned program reuses what does not depend on shape (no kernel measured again)",
@@ -352,7 +353,7 @@ CASES: dict[str, Callable[[float], dict[str, Any]]] = {
     "depth_grad": lambda s: depth("grad"),
     "second_process": lambda s: second_process(),
     "shapes_60": lambda s: shapes(),
-    "new_shape": new_shape,
+    **{f"new_shape_{m}": functools.partial(new_shape, m) for m in ("nasnet_a", "resnext50", "squeezenet")},
 }
 
 
