@@ -134,7 +134,7 @@ def _imported(cache_dir, device: str, conv: float, shifted: float) -> Profile:
     return dataclasses.replace(load_profile("cpu"), timing_device=device)
 
 
-@pytest.mark.parametrize(("shifted", "chosen"), [(1.0, False), (0.1, True)])
+@pytest.mark.parametrize(("shifted", "chosen"), [(3.0, False), (0.1, True)])
 def test_a_new_shape_is_priced_from_the_nearest_measured_one(cache_dir, shifted, chosen):
     profile = _imported(cache_dir, "gpu:transfer", 1e-3, shifted * 1e-3)
     x3 = jnp.concatenate([X, X[:1]])  # batch 3: its kernels were measured at batch 2 only
@@ -167,6 +167,13 @@ def test_a_shape_far_from_any_measured_one_is_not_priced_from_it(cache_dir):
     assert off.plan(near, W).stats["timing_transferred"] == 0
 
 
+def test_a_close_choice_is_measured_at_the_new_shape(cache_dir):
+    # the shifted form 0.8x the conv: 1.04x with the switch margin, too close to decide from another shape
+    profile = _imported(cache_dir, "gpu:close", 1e-3, 0.8e-3)
+    plan = eqsat.optimize(lambda x, w: depthwise(x, w), target=profile).plan(jnp.concatenate([X, X[:1]]), W)
+    assert plan.stats["timing_transferred"] == 0 and plan.stats["timing_skipped"] == 2
+
+
 def test_a_kernel_too_fast_to_measure_passes_that_on_to_smaller_shapes_only(cache_dir):
     cache = timing.cache_for("cpu:cpu")
     cache.entries[_keys("Conv")] = None  # measured at batch 2 as faster than a few calls' overhead
@@ -175,7 +182,7 @@ def test_a_kernel_too_fast_to_measure_passes_that_on_to_smaller_shapes_only(cach
     def wanted(batch: int) -> timing.Wanted:
         shapes = ((batch, 40, 40, 16), W.shape)
         return timing.Wanted(node_key("Conv", attrs, list(shapes), "float32"), "Conv", attrs, shapes, "float32",
-                             ("float32", "float32"))  # fmt: skip
+                             ("float32", "float32"), f"batch {batch}")  # fmt: skip
 
     prices = timing.transferred(cache, [wanted(1), wanted(3)], load_profile("cpu"), 4.0)
     assert prices == {wanted(1).key: None}  # batch 3 may be slow enough to measure: it is measured
