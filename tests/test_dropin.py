@@ -223,6 +223,13 @@ def test_ahead_of_time_stages_are_jaxs_own():
     assert (shape.shape, shape.dtype) == ((32, 4), jnp.float32)
 
 
+def test_the_dispatch_holds_the_program_not_a_nested_jit():
+    # a nested jax.jit kept a trace and a lowering of its own for every signature the function met
+    for fast in (_fast(), eqsat.optimize(lambda a, v: a + 1.0)):  # a plan, and the original
+        eqns = fast.trace(A, V).jaxpr.eqns
+        assert eqns and not {e.primitive.name for e in eqns} & {"pjit", "jit"}, eqns
+
+
 def test_clear_cache_forgets_plans():
     fast = _fast()
     fast(A, V)

@@ -53,3 +53,17 @@ def test_an_e_graph_a_conflict_stopped_is_not_kept():
     fine = capture(jax.make_jaxpr(lambda a: a * 2)(jnp.ones((2, 3))))
     assert saturate(fine, rules, LIMITS).stop_reason == "saturated"
     assert len(saturation._DECLARED[key]) == 1
+
+
+def test_a_kept_e_graph_is_declared_afresh_after_its_share_of_programs():
+    # egglog keeps some memory per program that a pop does not give back; a new e-graph frees it
+    saturation._DECLARED.clear()
+    key = tuple((s.origin, s.text) for s in RULES)
+    graph = capture(jax.make_jaxpr(lambda a: a * 2)(jnp.ones((2, 3))))
+    saturate(graph, RULES, LIMITS)
+    first = saturation._DECLARED[key][0]
+    for _ in range(saturation._PROGRAMS_PER_EGRAPH - 1):
+        saturate(graph, RULES, LIMITS)
+    assert first.programs == saturation._PROGRAMS_PER_EGRAPH and first not in saturation._DECLARED[key]
+    saturate(graph, RULES, LIMITS)
+    assert saturation._DECLARED[key][0].programs == 1
