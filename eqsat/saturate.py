@@ -12,6 +12,7 @@ taken off by `(pop)`.
 
 import contextlib
 import json
+import numbers
 import threading
 import time
 from collections import OrderedDict
@@ -46,6 +47,22 @@ class Limits:
     blame_seconds: float = 20.0  # after a failed validation, the search for the rules the mismatch depends on
     # after validation, timing the plan against the original (eqsat/guard.py); 0 keeps plans unmeasured
     guard_seconds: float = field(default_factory=lambda: guard.DEFAULT_SECONDS)
+
+    def __post_init__(self) -> None:
+        """Counts are whole numbers, times and factors numbers, none negative: a wrong limit is refused here,
+        not found in the middle of planning (where eqsat's own failures fall back to the original)."""
+        for name, value in vars(self).items():
+            whole = name in ("iterations", "nodes")
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
+                kind = "a whole number" if whole else "a number"
+                raise TypeError(f"eqsat.Limits({name}={value!r}): {name} must be {kind}")
+            if not value >= 0:  # NaN too
+                raise ValueError(f"eqsat.Limits({name}={value!r}): {name} must be 0 or more")
+        if 0 < self.timing_transfer < 1:
+            raise ValueError(
+                f"eqsat.Limits(timing_transfer={self.timing_transfer!r}): a factor of 1 or more between the "
+                "rooflines of two shapes, or 0 to measure every shape"
+            )
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import eqsat
@@ -99,3 +100,19 @@ def test_rule_options_are_accepted():
         rules='; ok\n(rewrite (Neg (Neg x)) x :name "nn" :when ((= (shape x) (shape x))) :subsume)\n'
         '(birewrite (Tanh x) (Tanh x) :name "tt")\n(rule ((= e (Exp x))) ((union e (Exp x))) :name "ee")',
     )
+
+
+@pytest.mark.parametrize(
+    ("limits", "error", "says"),
+    [
+        ({"seconds": "10"}, TypeError, r"seconds='10'\): seconds must be a number"),
+        ({"iterations": 2.5}, TypeError, "iterations must be a whole number"),
+        ({"nodes": -1}, ValueError, "nodes must be 0 or more"),
+        ({"measure_seconds": float("nan")}, ValueError, "measure_seconds must be 0 or more"),
+        ({"timing_transfer": 0.5}, ValueError, "0 to measure every shape"),
+    ],
+)
+def test_a_wrong_limit_is_refused_where_it_is_made(limits, error, says):
+    with pytest.raises(error, match=says):
+        eqsat.Limits(**limits)
+    assert eqsat.Limits(iterations=np.int64(3), seconds=np.float32(1.5), timing_transfer=0).iterations == 3
