@@ -5,6 +5,7 @@ written); `resolve(fun, ...)` then resolves argument numbers and names against t
 the device profile and collects the rules.
 """
 
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +86,8 @@ def checked(
     autotune: int,
     cache_size: int,
     background: bool | None,
+    validate: bool,
+    memory_budget: int | None,
     **rest: Any,
 ) -> dict[str, Any]:
     """optimize()'s keyword arguments, those that can be checked without the function checked."""
@@ -94,8 +97,13 @@ def checked(
         raise ValueError(f"autotune takes a number of candidate plans to measure (an int >= 0), got {autotune!r}")
     if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
         raise ValueError(f"cache_size takes how many signatures' plans to keep (an int >= 1), got {cache_size!r}")
-    if background is not None and not isinstance(background, bool):
-        raise TypeError(f"background takes True or False, got {background!r:.80}")
+    for name, flag in (("background", background), ("validate", validate)):
+        if flag is not None and not isinstance(flag, bool):
+            raise TypeError(f"{name} takes True or False, got {flag!r:.80}")
+    if memory_budget is not None and (
+        isinstance(memory_budget, bool) or not isinstance(memory_budget, numbers.Integral) or memory_budget < 1
+    ):
+        raise ValueError(f"memory_budget takes a number of bytes (an int >= 1) or None, got {memory_budget!r:.80}")
     return dict(
         target=target,
         rules=_checked_rules(rules),
@@ -106,6 +114,8 @@ def checked(
         autotune=autotune,
         cache_size=cache_size,
         background=ON_BY_DEFAULT if background is None else background,
+        validate=validate,
+        memory_budget=memory_budget,
         **rest,
     )
 

@@ -310,6 +310,9 @@ def test_argument_checks_raise_what_jax_jit_raises():
         ({"rules": ""}, r"empty string"),
         ({"autotune": -1}, r"number of candidate plans"),
         ({"background": "yes"}, r"background takes True or False"),
+        ({"validate": "no"}, r"validate takes True or False"),
+        ({"memory_budget": "1GB"}, r"memory_budget takes a number of bytes"),
+        ({"memory_budget": -5}, r"memory_budget takes a number of bytes"),
     ],
 )
 def test_wrong_option_values_say_what_was_expected(options, expected):
