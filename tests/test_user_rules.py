@@ -25,7 +25,9 @@ def test_an_analysis_that_never_saturates_stops_at_the_limits():
         start = time.perf_counter()
         snapshot = saturate(graph, [*collect(), endless], limits)
         assert snapshot.stop_reason == reason
-        assert time.perf_counter() - start < limits.seconds + 1.0
+        # unbounded, it would run for minutes; after the limit come the last analysis (a tenth of the limit) and the
+        # snapshot of the e-graph reached (0.1 s alone, 1.5 s total once under a loaded CI run)
+        assert time.perf_counter() - start < limits.seconds + 2.5
 
 
 def test_a_user_rule_that_never_saturates_returns_within_the_limit():
