@@ -10,7 +10,6 @@ measured (`transferred`) instead of measured again: what a kernel achieves again
 between nearby shapes, and the plan's guard times the result anyway.
 """
 
-import functools
 import json
 import logging
 import math
@@ -27,7 +26,7 @@ import numpy as np
 from eqsat import progress
 from eqsat.extract.cost import Profile, cache_dir, node_cost, node_key
 from eqsat.measure import median_time
-from eqsat.ops import OPS, CostClass
+from eqsat.ops import OPS, CostClass, infer
 from eqsat.sample import example_array
 from eqsat.saturate import Snapshot
 
@@ -239,10 +238,10 @@ def transferred(cache: TimingCache, wanted: list[Wanted], profile: Profile, with
     prices: dict[str, float | None] = {}
     for w in missing.values():
         family, _ = _family(w.key)
-        here = _roofline(w, w.in_shapes, bare)
         near = [s for s in measured_shapes.get(family, ()) if _dims_apart(s, w.in_shapes) <= _DIMS_APART]
         rooflines = [(r, s) for s in near if (r := _roofline(w, s, bare)) is not None]
-        if here is None or not rooflines:
+        here = _roofline(w, w.in_shapes, bare) if rooflines else None  # no op traced where nothing is near
+        if here is None:
             continue
         there, shapes = min(rooflines, key=lambda rs: abs(math.log(here / rs[0])))
         ratio = here / there
@@ -299,21 +298,10 @@ def _family(key: str) -> tuple[str, tuple[Shape, ...]]:
 
 def _roofline(wanted: Wanted, in_shapes: tuple[Shape, ...], profile: Profile) -> float | None:
     """The roofline seconds of the wanted kernel at these input shapes (None where the op does not take them)."""
-    out = _out_shape(wanted.op, wanted.attrs, in_shapes, wanted.in_dtypes)
+    out = infer(wanted.op, wanted.attrs, tuple(zip(in_shapes, wanted.in_dtypes, strict=True)))
     if out is None:
         return None
-    return max(node_cost(wanted.op, list(in_shapes), out, wanted.dtype, profile, wanted.attrs).seconds, 1e-12)
-
-
-@functools.lru_cache(maxsize=4096)
-def _out_shape(op: str, attrs: tuple, in_shapes: tuple[Shape, ...], in_dtypes: tuple[str, ...]) -> Shape | None:
-    """The op's output shape, from its lowering (the op table's), traced on abstract inputs."""
-    spec = OPS[op]
-    inputs = [jax.ShapeDtypeStruct(s, d) for s, d in zip(in_shapes, in_dtypes, strict=True)]
-    try:
-        return tuple(jax.eval_shape(lambda *xs: spec.lower(attrs, *xs), *inputs).shape)
-    except Exception:  # shapes this op's attributes do not fit
-        return None
+    return max(node_cost(wanted.op, list(in_shapes), out[0], wanted.dtype, profile, wanted.attrs).seconds, 1e-12)
 
 
 def priced(
