@@ -20,7 +20,7 @@ from eqsat.egraph_check import check_egraph
 from eqsat.errors import EqsatWarning
 from eqsat.planning import Entry, Planner
 from eqsat.sharding import added_collectives
-from eqsat.tolerance import beyond_conditioning, comparable, differs
+from eqsat.tolerance import beyond_conditioning, comparable, differs, less_accurate
 
 log = logging.getLogger("eqsat")
 
@@ -33,9 +33,11 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
         expected = comparable(_reference_results(entry, flat))
         got = comparable(entry.call(*flat) if got is None else got)
     wrong = next(((k, p) for k, p in enumerate(map(differs, range(len(got)), expected, got)) if p), None)
-    if wrong is not None:
+    if wrong is not None:  # as accurate as the original, where the original itself leaves the digits undetermined
         with jax.ensure_compile_time_eval():
             wrong = beyond_conditioning(entry.original, flat, expected, got)
+            if wrong is not None:
+                wrong = less_accurate(entry.original, flat, expected, got, wrong)
     if wrong is None:
         if entry.key:
             plan_store.mark_validated(entry.key)
@@ -144,11 +146,14 @@ def timed(
         # outside any caller's trace, as the call that gave the results ran (compile-time evaluation would key
         # jax.jit's cache apart and compile the plan again: 2.8 s on NASNet-A)
         with jax.core.eval_context():
-            entry.plan.measured = guard.measure(original, optimized, planner.options.limits.guard_seconds, warm)
+            entry.plan.measured = guard.measure(
+                original, optimized, planner.options.limits.guard_seconds, warm, entry.plan.predicted_speedup
+            )
         if not entry.plan.measured["kept"]:
             entry.plan.fallback = guard.describe(entry.plan.measured)
             log.info("eqsat: %s: %s", planner.name, entry.plan.fallback)
-            if entry.key:  # a later process runs the original at once, as it would have run a plan never timed
+            # measured slower with confidence: a later process runs the original at once (undecided: it measures)
+            if entry.key and guard.refused_for_good(entry.plan.measured):
                 plan_store.save(entry.key, entry.plan, planner.options.profile)
     return entry.plan.measured["kept"]
 

@@ -53,7 +53,9 @@ def test_a_wrong_element_beside_large_ones_is_caught():
     # exp(-6) = 0.0025 computed as -6 next to values of 1e4: far below the output's scale, far from its own value
     fast = eqsat.optimize(_chain_and_exp, rules="(rewrite (Exp x) x)")
     args = _chain_args()
-    with pytest.warns(eqsat.EqsatWarning, match=r"result 0: 4 of 260 elements differ, e\.g\. -6 instead of 0\.00247"):
+    with pytest.warns(
+        eqsat.EqsatWarning, match=r"result 0: less accurate than the original, e\.g\. -6 where the float64"
+    ):
         out = fast(*args)
     np.testing.assert_allclose(out, _chain_and_exp(*args), rtol=1e-5)
 
@@ -121,3 +123,35 @@ def test_validation_allows_what_the_original_leaves_undetermined_and_no_more():
     i = np.unravel_index(np.argmax(np.abs(want[0])), want[0].shape)
     wrong[0][i] *= 3  # a well-determined element 3x off
     assert beyond_conditioning(original, [a, v], want, wrong) is not None
+
+
+def test_a_result_that_differs_from_the_original_but_is_as_accurate_is_accepted_and_a_wrong_one_is_not():
+    from eqsat.tolerance import beyond_conditioning, less_accurate
+
+    # each 1 added to 1e8 is lost in float32, so the original returns 0; re-associated, (b0+b1+b2+b3) + (a-a) is
+    # the exact 4. Perturbing the inputs by ulps moves the original not at all: only a float64 evaluation tells
+    a, b = np.full(3, 1e8, np.float32), np.ones((4, 3), np.float32)
+    original = jax.jit(lambda a, b: [(((a + b[0]) + b[1]) + b[2]) + b[3] - a])
+    want = [np.asarray(original(a, b)[0])]
+    assert np.all(want[0] == 0)
+    exact = [np.full(3, 4.0, np.float32)]
+    unjudged = beyond_conditioning(original, [a, b], want, exact)
+    assert unjudged is not None
+    assert less_accurate(original, [a, b], want, exact, unjudged) is None
+    # one element 10x off: erring by 36, over 4x the original's own error of 4
+    wrong = [np.array([4.0, 40.0, 4.0], np.float32)]
+    problem = less_accurate(original, [a, b], want, wrong, beyond_conditioning(original, [a, b], want, wrong))
+    assert problem is not None and problem[0] == 0 and "less accurate than the original" in problem[1]
+    assert "e.g. 40 where the float64 evaluation gives 4" in problem[1] and "errs by 4" in problem[1]
+
+
+def test_a_well_determined_element_3x_off_stays_refused_by_the_float64_reference():
+    from eqsat.tolerance import beyond_conditioning, less_accurate
+
+    a, v = jnp.linspace(-1, 1, 32 * 32).reshape(32, 32), jnp.linspace(0, 1, 32 * 4).reshape(32, 4)
+    original = jax.jit(lambda a, v: [jnp.tanh((a @ a) @ v)])
+    want = [np.asarray(original(a, v)[0])]
+    wrong = [want[0].copy()]
+    wrong[0][np.unravel_index(np.argmax(np.abs(want[0])), want[0].shape)] *= 3
+    unjudged = beyond_conditioning(original, [a, v], want, wrong)
+    assert less_accurate(original, [a, v], want, wrong, unjudged) is not None
