@@ -60,30 +60,30 @@ def test_a_plan_measured_slower_with_confidence_is_dropped_and_says_what_was_mea
     assert guard.refused_for_good(plan.measured)
 
 
-def test_an_undecided_measurement_keeps_a_plan_predicted_clearly_faster(monkeypatch):
-    _clock(monkeypatch, NOISY)
+def _guarded_plan(n: int) -> tuple[Any, Any]:
+    """The chain at n x n planned under the guard (the clock faked by the caller): its plan, and what runs."""
     fast = eqsat.optimize(_chain(), limits=GUARDED)
-    args = _args(256)
+    args = _args(n)
     fast(*args)
     plan = fast.plan(*args)
+    entry = next(iter(fast._cache.values()))
+    return plan, entry.call is not entry.original
+
+
+def test_an_undecided_measurement_keeps_a_plan_predicted_clearly_faster(monkeypatch):
+    _clock(monkeypatch, NOISY)
+    plan, runs_plan = _guarded_plan(256)
     assert plan.predicted_speedup >= guard.CLEAR_PREDICTION
     assert plan.measured["decision"] == "undecided" and plan.measured["kept"] and plan.measured["rounds"] == 10
-    assert not guard.refused_for_good(plan.measured)
-    entry = next(iter(fast._cache.values()))
-    assert entry.call is not entry.original
+    assert not guard.refused_for_good(plan.measured) and runs_plan
 
 
 def test_an_undecided_measurement_of_a_marginal_prediction_runs_the_original_but_stores_no_refusal(monkeypatch):
     _clock(monkeypatch, NOISY)
     monkeypatch.setattr(guard, "CLEAR_PREDICTION", 1e9)  # no prediction is clear
-    fast = eqsat.optimize(_chain(), limits=GUARDED)
-    args = _args(64)
-    fast(*args)
-    plan = fast.plan(*args)
-    assert plan.measured["decision"] == "undecided" and not plan.measured["kept"]
+    plan, runs_plan = _guarded_plan(64)
+    assert plan.measured["decision"] == "undecided" and not plan.measured["kept"] and not runs_plan
     assert "measured again in the next" in plan.fallback and not guard.refused_for_good(plan.measured)
-    entry = next(iter(fast._cache.values()))
-    assert entry.call is entry.original
 
 
 def test_the_sign_test_decides_both_ways_and_only_past_chance():
@@ -95,14 +95,9 @@ def test_the_sign_test_decides_both_ways_and_only_past_chance():
 
 def test_a_faster_plan_is_kept(monkeypatch):
     _clock(monkeypatch, FASTER)
-    fast = eqsat.optimize(_chain(), limits=GUARDED)
-    args = _args(64)
-    fast(*args)
-    plan = fast.plan(*args)
+    plan, runs_plan = _guarded_plan(64)
     assert plan.measured["kept"] and plan.measured["decision"] == "faster" and plan.fallback is None
-    assert plan.measured["rounds"] == 7
-    entry = next(iter(fast._cache.values()))
-    assert entry.call is not entry.original
+    assert plan.measured["rounds"] == 7 and runs_plan
 
 
 def test_the_prepared_plan_is_what_gets_timed(monkeypatch):
