@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from eqsat.cli import add_optimize_command, add_tune_command
+from eqsat.cli import add_optimize_command, add_profile_command, add_tune_command
 from eqsat.progress import configure_logging
 
 
@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     add_optimize_command(commands)
     add_tune_command(commands)
+    add_profile_command(commands)
     p = commands.add_parser("demo", help="optimize the bundled examples and measure them against jax.jit")
     p.add_argument("--model", action="append", help="example to run (repeatable); default: all")
     p.add_argument("--scale", default="full", choices=["full", "small"], help="problem size")
