@@ -174,7 +174,7 @@ def time_alone(fn: Callable[..., Any], args: tuple) -> float | None:
 
 
 def measure(
-    cache: TimingCache, wanted: list[Wanted], budget: float, timer: Callable[[Wanted], float | None] = measure_one
+    cache: TimingCache, wanted: list[Wanted], budget: float, timer: Callable[[Wanted], float | None] | None = None
 ) -> dict[str, int]:
     """Measure the wanted nodes the cache lacks, in order, until `budget` seconds are spent; save the cache.
     `timer`: how one is measured (a kernel of the op table by default).
@@ -192,7 +192,7 @@ def measure(
             counts["skipped"] = len(missing) - k
             break
         try:
-            seconds = timer(item)
+            seconds = (timer or measure_one)(item)
         except Exception as error:  # a node that does not compile alone keeps its roofline price
             log.info("eqsat: could not measure %s: %s", item.key, error)
             continue
