@@ -342,7 +342,7 @@ def _describe(graph: Graph, unit: _Unit) -> tuple[str, str]:
 
 def _attrs_text(attrs: tuple) -> str:
     text = ",".join(map(str, attrs)).replace(" ", "")
-    return f"[{text}]" if len(text) <= 60 else f"[{text[:57]}...]"
+    return "" if not text else f"[{text}]" if len(text) <= 60 else f"[{text[:57]}...]"
 
 
 def _example(graph: Graph, j: int, seed: int) -> Any:
