@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import re
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -172,6 +173,14 @@ class Census:
         return path
 
 
+def echo(renderable: Any) -> None:
+    """Print a census or table on stdout: as wide as a terminal, else 200 columns (a file keeps whole rows)."""
+
+    from rich.console import Console
+
+    Console(width=None if sys.stdout.isatty() else 200).print(renderable)
+
+
 def census_from_dict(data: dict[str, Any]) -> Census:
     if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
         raise ValueError(f"not an eqsat census of version {VERSION}")
@@ -182,6 +191,44 @@ def census_from_dict(data: dict[str, Any]) -> Census:
 
 def load_census(path: str | Path) -> Census:
     return census_from_dict(json.loads(Path(path).read_text()))
+
+
+def is_census(path: str | Path) -> bool:
+    """Whether the file is a saved census (not a plan): `compare` takes both."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def side_by_side(a: Census, b: Census, labels: tuple[str, str] = ("a", "b")) -> Any:
+    """Two censuses of one program (two targets, rule sets or machines) as one rich table, kernel class by kernel
+    class in the first one's order: each one's time alone and what its plan ran instead."""
+    from rich.console import Group
+    from rich.table import Table
+
+    table = Table(header_style="bold")
+    table.add_column("kernel")
+    table.add_column("count", justify="right")
+    for label in labels:
+        table.add_column(f"{label}: each", justify="right")
+        table.add_column(f"{label}: plan runs")
+        table.add_column(f"{label}: saved", justify="right")
+    first, second = {k.key: k for k in a.kernels}, {k.key: k for k in b.kernels}
+    for key in dict.fromkeys([*first, *second]):
+        pair = (first.get(key), second.get(key))
+        shown = first.get(key) or second[key]
+        cells = [f"{shown.name} {shown.detail}", str(shown.count)]
+        for k in pair:
+            if k is None:
+                cells += ["absent", "", ""]
+            else:
+                cells += [_seconds(k.measured_s), f"{k.chosen} x{k.chosen_count}" if k.chosen_count else "-",
+                          _seconds(k.saved_s)]  # fmt: skip
+        table.add_row(*cells)
+    heads = [f"{label}: " + "\n  ".join(c.summary()) for label, c in zip(labels, (a, b), strict=True)]
+    return Group(*heads, table)
 
 
 def _seconds(s: float | None) -> str:

@@ -422,8 +422,6 @@ def run_profile(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     import eqsat
     from eqsat import census, progress
     from eqsat.extract import html_report
@@ -438,7 +436,7 @@ def _profile(args: argparse.Namespace) -> int:
         fast = eqsat.optimize(work.fn, target=args.target, background=False)
         found = census.profile(fast, work.args, budget=args.budget, seconds=args.seconds)
     found.name = work.name
-    Console(width=None if sys.stdout.isatty() else 200).print(found)
+    census.echo(found)
     if args.json:
         print(f"wrote {found.save(args.json)}")
     if args.html:

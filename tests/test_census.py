@@ -129,3 +129,16 @@ def test_cli_profile_prints_the_table_and_saves_json(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "census of depthwise" in printed and "ShiftConv x1" in printed and "sort" in printed
     assert census.load_census(out).kernels[0].name == "Conv"
+
+
+def test_compare_shows_two_censuses_side_by_side(tmp_path, capsys):
+    args = _depthwise_args()
+    found = eqsat.optimize(depthwise).profile(*args)
+    kept = eqsat.optimize(depthwise, disabled_rules=("kernels",)).profile(*args)  # no alternative kernels
+    assert kept.kernels[0].alternatives == () and not kept.kernels[0].chosen
+    paths = [str(found.save(tmp_path / "a.json")), str(kept.save(tmp_path / "b.json"))]
+    assert main(["compare", *paths]) == 0
+    printed = capsys.readouterr().out
+    conv = next(line for line in printed.splitlines() if line.startswith("│ Conv"))
+    assert "ShiftConv x1" in conv and conv.count("1 ms") == 2  # timed alike in both, chosen in one
+    assert main(["compare", *paths, paths[0]]) == 2
