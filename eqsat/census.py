@@ -422,15 +422,15 @@ def _no_variable(name: str) -> Any:
 # ---------------------------------------------------------------------------------------------------- alternatives
 
 
-def _rivals(graph: Graph, units: list[_Unit], rules: Sequence[RuleSource]) -> dict[str, list[timing.Wanted]]:
-    """For each kernel class of the table whose timing the roofline may miss: the other kernels the rules put in
-    its e-class, found by saturating a program of these kernels alone on their input types (one e-graph for all)."""
+def _rivals(graph: Graph, classes: dict[str, _Unit], rules: Sequence[RuleSource]) -> dict[str, list[timing.Wanted]]:
+    """For each kernel class (key -> its first unit) of the table whose timing the roofline may miss: the other
+    kernels the rules put in its e-class, found by saturating a program of these kernels alone on their input types
+    (one e-graph for all)."""
     alone = Graph()
     roots: dict[str, int] = {}  # a kernel's key -> its node in `alone`
-    for unit in units:
+    for key, unit in classes.items():
         node = graph.nodes[unit.nodes[0]]
-        key = _key(graph, unit)
-        if unit.kind != "kernel" or not timing.measurable(node.op) or key in roots:
+        if unit.kind != "kernel" or not timing.measurable(node.op):
             continue
         inputs = []
         for j in node.inputs:
@@ -481,15 +481,14 @@ def take(
     device = profile.timing_device or timing.local_device()
     cache = timing.cache_for(device)
     here = device == timing.local_device()
-    units = _units(graph)
-    keys = [_key(graph, u) for u in units]
-    progress.begin("census", f"census: the alternatives of {len(units)} kernels")
-    rivals = _rivals(graph, units, rules)
-    first: dict[str, _Unit] = {}
+    first: dict[str, _Unit] = {}  # each kernel class's first occurrence, by key
     counts: dict[str, int] = {}
-    for key, unit in zip(keys, units, strict=True):
+    for unit in _units(graph):
+        key = _key(graph, unit)
         first.setdefault(key, unit)
         counts[key] = counts.get(key, 0) + 1
+    progress.begin("census", f"census: the alternatives of {len(first)} kernel classes")
+    rivals = _rivals(graph, first, rules)
     roofline = {key: _roofline(graph, unit, profile) for key, unit in first.items()}
     # what to time: the kernels with alternatives first (and the alternatives), then by predicted time in all
     order = sorted(first, key=lambda k: (not rivals.get(k), -counts[k] * roofline[k]))
