@@ -93,6 +93,7 @@ class Census:
     measured: int = 0  # kernels measured now (and stored)
     skipped: int = 0  # kernels left unmeasured: over the budget, or failed
     measure_s: float = 0.0
+    took_s: float = 0.0  # the census's own time: planning (or loading the plan), measuring, timing end to end
     notes: list[str] = field(default_factory=list)
 
     def share(self, kernel: Kernel) -> float | None:
@@ -125,7 +126,7 @@ class Census:
             )
         lines.append(
             f"  timing cache: {self.cached} kernels held already, {self.measured} measured now in "
-            f"{self.measure_s:.1f} s, {self.skipped} not measured"
+            f"{self.measure_s:.1f} s, {self.skipped} not measured; the census took {self.took_s:.1f} s"
         )
         return lines + [f"  {note}" for note in self.notes]
 
@@ -473,7 +474,7 @@ def take(
 ) -> Census:
     """The census of the plan's original program: its kernels timed alone (new ones within `budget` seconds of
     measuring), and, where `original` and `optimized` are given, both timed end to end on `args`, interleaved, for
-    `seconds`."""
+    `seconds` (0: not timed, nor compiled)."""
     graph = plan.graph
     if graph is None:
         raise ValueError("a census needs the plan's program: a plan loaded from a file cannot run")
@@ -559,7 +560,7 @@ def take(
     )
     if not here:
         census.notes.append(f"the target's device {device} is not this one ({timing.local_device()}): nothing measured")
-    if original is not None and optimized is not None:
+    if original is not None and optimized is not None and seconds > 0:
         progress.begin("census", f"census: the original and the plan end to end ({seconds:g} s)")
         result = compare(original, optimized, args, seconds=seconds)
         census.original_s, census.plan_s, census.rounds = result.baseline_s, result.candidate_s, result.rounds
@@ -575,9 +576,12 @@ def _wanted_roofline(wanted: timing.Wanted, node: Node, profile: Profile) -> flo
 def profile(optimized: Any, args: tuple, budget: float | None = None, seconds: float = 2.0) -> Census:
     """The census of an optimized function (eqsat.optimize's result) at these arguments: its plan (built now if
     need be), every kernel timed alone, and the original and what eqsat runs timed end to end."""
+    start = time.perf_counter()
     options = optimized.options
     plan = optimized.plan(*args, prepared=False)  # the plan a call runs (its guard may keep the original)
     original = jax.jit(optimized.fun, static_argnums=options.static_argnums)
     budget = options.limits.measure_seconds if budget is None else budget
     name = getattr(optimized.fun, "__name__", "")
-    return take(plan, options.rules, budget, original, optimized, args, seconds, name)
+    census = take(plan, options.rules, budget, original, optimized, args, seconds, name)
+    census.took_s = time.perf_counter() - start
+    return census

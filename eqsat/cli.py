@@ -460,7 +460,12 @@ def add_profile_command(commands: Any) -> None:
     _add_what(p, "profile")
     p.add_argument("--target", default="cpu", help="device profile whose roofline prices the kernels (default: cpu)")
     p.add_argument("--budget", type=float, default=30.0, help="seconds of measuring new kernels at most (default 30)")
-    p.add_argument("--seconds", type=float, default=2.0, help="seconds timing the program end to end (default 2)")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=2.0,
+        help="seconds timing the program end to end (default 2; 0: the kernels alone, nothing compiled whole)",
+    )
     p.add_argument("--json", metavar="OUT.json", help="save the census (eqsat.census.load_census reads it)")
     p.add_argument("--html", metavar="OUT.html", help="the plan's report with the census drawn as a chart")
     p.add_argument(
