@@ -209,7 +209,7 @@ function seconds(s) {
 function drawCensus(root, data) {
   const rowH = 3 * LINE_H / 2 + 6, labelChars = Math.min(70, Math.max(...data.rows.map((r) => r.label.length)));
   const labelW = labelChars * CHAR_W + 2 * PAD, width = Math.max(root.clientWidth || 1200, labelW + 300);
-  const barW = width - labelW - 160, height = data.rows.length * rowH + 2 * PAD;
+  const barW = width - labelW - 260, height = data.rows.length * rowH + 2 * PAD;
   const top = Math.max(...data.rows.flatMap((r) => [r.measured || 0, r.roofline || 0, r.chosen || 0]), 1e-12);
   const svg = el("svg", {width, height}, root);
   data.rows.forEach((r, i) => {
