@@ -41,6 +41,8 @@ FORMAT = "eqsat-census"
 VERSION = 1
 _FUSED = (CostClass.ELEMENTWISE, CostClass.BITCAST)  # XLA fuses these into loops with their neighbours
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # a function's address in a printed parameter differs per process
+# kernels alone adding up to more than this many times the program's time (or less than its inverse) are suspect
+_AGREE = 1.5
 _UNMEASURABLE = ("while",)  # a loop run on random inputs may not end: listed, timed only as part of the program
 
 
@@ -124,6 +126,11 @@ class Census:
                 f"the original; opaque primitives (untouched by eqsat) {seconds_text(self.opaque_s)}, "
                 f"{self.opaque_s / self.original_s:.0%}"
             )
+            if not 1 / _AGREE <= self.kernels_s / self.original_s <= _AGREE:
+                lines.append(
+                    "  the kernels alone are far from the program's time: timings on a loaded machine (a small "
+                    "kernel waits for the CPU), or XLA fusing across kernels; re-run on a quieter machine"
+                )
         lines.append(
             f"  timing cache: {self.cached} kernels held already, {self.measured} measured now in "
             f"{self.measure_s:.1f} s, {self.skipped} not measured; the census took {self.took_s:.1f} s"
@@ -476,8 +483,10 @@ def take(
     measuring), and, where `original` and `optimized` are given, both timed end to end on `args`, interleaved, for
     `seconds` (0: not timed, nor compiled)."""
     graph = plan.graph
-    if graph is None:
-        raise ValueError("a census needs the plan's program: a plan loaded from a file cannot run")
+    if graph is None:  # eqsat could not hold the program (the plan says why), or the plan was loaded from a file
+        raise ValueError(
+            f"no census: the plan holds no program to time ({plan.fallback or 'a plan loaded from a file'})"
+        )
     profile = load_profile(plan.target)  # bare: roofline prices, no measured times attached
     device = profile.timing_device or timing.local_device()
     cache = timing.cache_for(device)

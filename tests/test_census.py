@@ -3,6 +3,8 @@
 Kernels are timed by stand-ins (a depthwise convolution slow, every other kernel fast; fused loops and opaque calls
 still compiled and run alone), so that the plan's choice and the table's figures do not follow the machine's load."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -142,3 +144,14 @@ def test_compare_shows_two_censuses_side_by_side(tmp_path, capsys):
     conv = next(line for line in printed.splitlines() if line.startswith("│ Conv"))
     assert "ShiftConv x1" in conv and conv.count("1 ms") == 2  # timed alike in both, chosen in one
     assert main(["compare", *paths, paths[0]]) == 2
+
+
+def test_kernels_far_from_the_program_are_flagged_and_a_plan_without_program_is_refused():
+    kernel = census.Kernel("k", "kernel", "Dot", "f32[8,8] f32[8,8] -> f32[8,8]", 4, 1e-6, 1e-3)
+    far = census.Census("f", "cpu:cpu", "cpu", [kernel], original_s=1e-3, plan_s=1e-3, rounds=5)
+    assert "far from the program's time" in str(far)  # 4 ms of kernels in a 1 ms program
+    near = census.Census("f", "cpu:cpu", "cpu", [kernel], original_s=4e-3, plan_s=1e-3, rounds=5)
+    assert "far from" not in str(near) and near.share(kernel) == pytest.approx(1.0)
+    plan = eqsat.optimize(depthwise).plan(*_depthwise_args())
+    with pytest.raises(ValueError, match="no census: the plan holds no program"):
+        census.take(dataclasses.replace(plan, graph=None), rules=(), budget=0)
