@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from eqsat.cli import add_optimize_command, add_tune_command
+from eqsat.cli import add_optimize_command, add_profile_command, add_tune_command
 from eqsat.progress import configure_logging
 
 
@@ -31,23 +31,42 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def compare_plans(args: argparse.Namespace) -> int:
+    from eqsat.census import is_census
     from eqsat.extract.changes import compare
     from eqsat.extract.report import PlanFormatError, load_plan
 
+    censuses = [path for path in args.plans if is_census(path)]
+    paths = [path for path in args.plans if path not in censuses]
+    if censuses:
+        status = compare_censuses(censuses)
+        if status or not paths:
+            return status
     try:
-        plans = [load_plan(path) for path in args.plans]
+        plans = [load_plan(path) for path in paths]
     except (OSError, PlanFormatError) as error:  # a missing or malformed file: one line, not a traceback
         reason = f"{error.filename}: {error.strerror}" if isinstance(error, OSError) else str(error)
         print(f"python -m eqsat compare: error: {reason}", file=sys.stderr)
         return 2
-    compare(*plans, labels=args.plans)
+    compare(*plans, labels=paths)
     if args.html:
         if len(plans) != 2:
             print("python -m eqsat compare: error: --html draws two plans against each other", file=sys.stderr)
             return 2
         from eqsat.extract.html_report import to_html
 
-        print(f"wrote {to_html(plans[0], args.html, versus=plans[1], labels=tuple(args.plans))}")
+        print(f"wrote {to_html(plans[0], args.html, versus=plans[1], labels=tuple(paths))}")
+    return 0
+
+
+def compare_censuses(paths: list[str]) -> int:
+    """Print one census, or two side by side (`python -m eqsat profile --json` saves them); 2 for more."""
+    from eqsat.census import echo, load_census, side_by_side
+
+    found = [load_census(path) for path in paths]
+    if len(found) > 2:
+        print("python -m eqsat compare: error: censuses are compared two at a time", file=sys.stderr)
+        return 2
+    echo(found[0] if len(found) == 1 else side_by_side(found[0], found[1], (paths[0], paths[1])))
     return 0
 
 
@@ -99,14 +118,18 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     add_optimize_command(commands)
     add_tune_command(commands)
+    add_profile_command(commands)
     p = commands.add_parser("demo", help="optimize the bundled examples and measure them against jax.jit")
     p.add_argument("--model", action="append", help="example to run (repeatable); default: all")
     p.add_argument("--scale", default="full", choices=["full", "small"], help="problem size")
     p.add_argument("--target", default="cpu", help="device profile to plan for")
     p.add_argument("--seconds", type=float, default=3.0, help="timing budget per example")
     p.set_defaults(run=demo)
-    p = commands.add_parser("compare", help="print saved plans (JSON from extract.report.save_plan) side by side")
-    p.add_argument("plans", nargs="+", help="plan JSON files")
+    p = commands.add_parser(
+        "compare",
+        help="print saved plans (JSON from extract.report.save_plan) or censuses (profile --json) side by side",
+    )
+    p.add_argument("plans", nargs="+", help="plan JSON files, and up to two census JSON files")
     p.add_argument("--html", metavar="OUT.html", help="also write a report of two plans, region by region")
     p.set_defaults(run=compare_plans)
     p = commands.add_parser("calibrate", help="measure this machine and write a calibrated cpu profile to the cache")

@@ -357,6 +357,13 @@ class Optimized:
         _, signature = self._signature(args, kwargs)
         return self._entry(signature, bool(self.options.params_argnums) if prepared is None else prepared).plan
 
+    def profile(self, *args: Any) -> Any:
+        """The kernel census at these arguments (eqsat/census.py): every kernel of the program timed alone against
+        its roofline, the alternatives the plan chose, the program end to end; prints as a table, saves as JSON."""
+        from eqsat import census  # a tool: the runtime never loads it
+
+        return census.profile(self, args)
+
     def memory(self, *args: Any, **kwargs: Any) -> MemoryReport:
         """Memory of the plan for these arguments: liveness, best-fit arena, lower bound, a memory-aware order
         (our model) and XLA's own figure of the compiled program; also kept in the plan's summary."""

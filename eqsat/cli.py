@@ -410,3 +410,65 @@ def add_tune_command(commands: Any) -> None:
         "--no-progress", dest="progress", action="store_false", help="no live progress display on a terminal"
     )
     p.set_defaults(run=run_tune)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """The profile command: the kernel census of one function (eqsat/census.py)."""
+    try:
+        return _profile(args)
+    except (UsageError, EqsatError, OSError) as error:
+        print(f"python -m eqsat profile: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _profile(args: argparse.Namespace) -> int:
+    import eqsat
+    from eqsat import census, progress
+    from eqsat.extract import html_report
+    from eqsat.extract.cost import load_profile
+
+    try:
+        load_profile(args.target)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    work = workload(args)
+    with progress.live_progress(None if args.progress else False):
+        fast = eqsat.optimize(work.fn, target=args.target, background=False)
+        found = census.profile(fast, work.args, budget=args.budget, seconds=args.seconds)
+    found.name = work.name
+    census.echo(found)
+    if args.json:
+        print(f"wrote {found.save(args.json)}")
+    if args.html:
+        print(f"wrote {html_report.to_html(fast.plan(*work.args, prepared=False), args.html, census=found)}")
+    return 0
+
+
+def add_profile_command(commands: Any) -> None:
+    """Register `profile` on the CLI's subparsers."""
+    p = commands.add_parser(
+        "profile",
+        help="the kernel census: every kernel of a function timed alone against its roofline, and what eqsat chose",
+        description="Time every distinct kernel of the function's program alone on this device (through the timing "
+        "cache: kernels measured before cost nothing), set each against its roofline price, name the alternatives "
+        "its e-class holds and the one the plan runs, and time the original and the plan end to end. Sorted by the "
+        "time lost against the roofline.",
+        epilog="examples:\n  python -m eqsat profile mypkg.model:forward --args f32[2,224,224,3] --json census.json\n"
+        "  python -m eqsat profile --bench resnext50 --scale small --html census.html",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_what(p, "profile")
+    p.add_argument("--target", default="cpu", help="device profile whose roofline prices the kernels (default: cpu)")
+    p.add_argument("--budget", type=float, default=30.0, help="seconds of measuring new kernels at most (default 30)")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=2.0,
+        help="seconds timing the program end to end (default 2; 0: the kernels alone, nothing compiled whole)",
+    )
+    p.add_argument("--json", metavar="OUT.json", help="save the census (eqsat.census.load_census reads it)")
+    p.add_argument("--html", metavar="OUT.html", help="the plan's report with the census drawn as a chart")
+    p.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no live progress display on a terminal"
+    )
+    p.set_defaults(run=run_profile)

@@ -16,8 +16,10 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import jax
 import jaxlib
@@ -160,14 +162,22 @@ def measure_one(wanted: Wanted) -> float | None:
         args = tuple(
             jax.numpy.asarray(example_array(s, d, rng)) for s, d in zip(wanted.in_shapes, wanted.in_dtypes, strict=True)
         )
-        fn = jax.jit(lambda *xs: spec.lower(wanted.attrs, *xs))
+        return time_alone(jax.jit(lambda *xs: spec.lower(wanted.attrs, *xs)), args)
+
+
+def time_alone(fn: Callable[..., Any], args: tuple) -> float | None:
+    """Median seconds of a few runs of a jitted kernel, call overhead off; None below two calls' overhead."""
+    with jax.ensure_compile_time_eval():
         seconds = median_time(fn, args, 0.0, 3, 0.002)  # kernel choices differ by integer factors: 3 runs tell
         overhead = _call_overhead()
         return seconds - overhead if seconds > 3 * overhead else None
 
 
-def measure(cache: TimingCache, wanted: list[Wanted], budget: float) -> dict[str, int]:
+def measure(
+    cache: TimingCache, wanted: list[Wanted], budget: float, timer: Callable[[Wanted], float | None] | None = None
+) -> dict[str, int]:
     """Measure the wanted nodes the cache lacks, in order, until `budget` seconds are spent; save the cache.
+    `timer`: how one is measured (a kernel of the op table by default).
 
     Returns counts: hits (already cached), measured, skipped (over budget)."""
     missing = list({w.key: w for w in wanted if w.key not in cache.entries}.values())
@@ -182,7 +192,7 @@ def measure(cache: TimingCache, wanted: list[Wanted], budget: float) -> dict[str
             counts["skipped"] = len(missing) - k
             break
         try:
-            seconds = measure_one(item)
+            seconds = (timer or measure_one)(item)
         except Exception as error:  # a node that does not compile alone keeps its roofline price
             log.info("eqsat: could not measure %s: %s", item.key, error)
             continue
