@@ -346,7 +346,7 @@ def _tune(args: argparse.Namespace) -> int:
     from eqsat.extract import timing
 
     if args.import_file:
-        incoming = timing.parse(Path(args.import_file).read_text(), args.import_file)
+        incoming = timing.parse(Path(args.import_file).read_bytes(), args.import_file)
         cache = timing.cache_for(incoming.device)
         added = cache.merge(incoming)
         cache.save()
@@ -359,7 +359,7 @@ def _tune(args: argparse.Namespace) -> int:
         return 0
     if args.function is None and args.bench is None:
         for path in sorted(timing.cache_path("x").parent.glob("*.json")):
-            cache = timing.parse(path.read_text(), str(path))
+            cache = timing.parse(path.read_bytes(), str(path))
             print(f"{path}: {len(cache.entries)} timings for {cache.device} ({cache.versions})")
         return 0
     return _warm(args)
