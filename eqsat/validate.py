@@ -39,7 +39,8 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
     if wrong is None:
         return
     k, problem = wrong
-    stored = ([entry.key] if entry.key and entry.plan.stats.get("stored") else []) + entry.plan.graph.stored_bodies
+    stored = [entry.key] if entry.key and entry.plan.stats.get("stored") else []
+    stored += entry.plan.graph.stored_bodies if entry.plan.graph is not None else []
     if stored:  # a kept plan (or body plan) changed since it was validated, or wrong on these values: planned again
         for key in stored:
             plan_store.set_aside(key, f"gave results that differ from the original's ({problem})")

@@ -193,7 +193,9 @@ def test_a_plan_file_changed_by_hand_is_caught_in_a_new_process(tmp_path, digest
     """The issue's reproducer: tanh((A@B)@v) planned in one process; "Tanh" changed to "Logistic" in the stored
     JSON; a new process must give jax.jit's result (the changed plan was 1.08 away) and warn. The digest catches
     the change; with the digest rewritten to match, the validation each process runs on a kept plan does."""
+    # planned in the call, and kept whatever the guard would measure: the changed plan would run
     env = {**os.environ, "EQSAT_CACHE_DIR": str(tmp_path), "EQSAT_PLAN_STORE": "on", "EQSAT_BACKGROUND": "0"}
+    env["EQSAT_GUARD_SECONDS"] = "0"
 
     def run() -> dict:
         done = subprocess.run([sys.executable, "-c", _TAMPERED_CHILD], capture_output=True, text=True, env=env,
@@ -217,6 +219,26 @@ def test_a_plan_file_changed_by_hand_is_caught_in_a_new_process(tmp_path, digest
     why = "does not match its digest" if digest == "kept" else "gave results that differ from the original's"
     assert str(path) in warning and why in warning and "set aside" in warning
     assert "Logistic" not in second["ops"] and path.with_name(path.name + ".rejected").exists()
+
+
+def test_a_changed_body_plan_is_caught_and_set_aside(store_on):
+    """A scan body's plan is kept in a file of its own: changed (its digest rewritten to match), the program's
+    validation catches it; both plans are set aside and planned again, and the call gives the original's result."""
+
+    def scanned(a, b, vs):
+        return jax.lax.scan(lambda c, v: (c, jnp.tanh((c[0] @ c[1]) @ v)), (a, b), vs)[1]
+
+    rng = np.random.default_rng(2)
+    a, b = (jnp.asarray(rng.standard_normal((64, 64)).astype(np.float32)) for _ in range(2))
+    vs = jnp.asarray(rng.standard_normal((3, 64, 2)).astype(np.float32))
+    jax.block_until_ready(eqsat.optimize(lambda *x: scanned(*x))(a, b, vs))  # planned, validated, stored
+    (body,) = [p for p in (store_on / "plans").glob("*.json") if '"Tanh"' in p.read_text()]
+    body.write_text(_restamped(json.loads(body.read_text().replace('"Tanh"', '"Logistic"'))))
+    with pytest.warns(eqsat.EqsatWarning, match="gave results that differ") as caught:
+        got = eqsat.optimize(lambda *x: scanned(*x))(a, b, vs)
+    np.testing.assert_allclose(got, jax.jit(scanned)(a, b, vs), rtol=2e-3, atol=1e-4)
+    assert str(body) in " ".join(str(w.message) for w in caught)
+    assert body.with_name(body.name + ".rejected").exists() and '"Tanh"' in body.read_text()  # planned again
 
 
 def test_the_signature_cache_can_be_listed_without_reordering_it():

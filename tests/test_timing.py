@@ -151,6 +151,31 @@ def test_a_cache_that_cannot_be_written_plans_in_memory_and_warns_once(tmp_path,
     assert again.stats["timing_measured"] == 0 and again.stats["timing_hits"] == 2
 
 
+def test_tune_says_when_the_cache_cannot_be_written(tmp_path, monkeypatch, capsys):
+    """tune writes the timing cache, so there a cache path that is a file is an error that names it."""
+    from eqsat.extract import cost
+
+    monkeypatch.setattr(cost, "_UNWRITABLE", [], raising=False)  # as in a fresh process
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    source = tmp_path / "made-up.json"
+    source.write_text(timing.TimingCache("gpu:unwritable", timing.versions(), {_keys("Conv"): 1e-3}).to_json())
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(blocker))
+    assert main(["tune", "--import", str(source)]) == 2
+    assert f"{blocker}/timing" in capsys.readouterr().err
+    module = tmp_path / "dwmod_unwritable.py"
+    module.write_text(
+        "from jax import lax\n"
+        "def dw(x, w):\n    return lax.conv_general_dilated(x, w, (1, 1), 'SAME', "
+        "dimension_numbers=('NHWC', 'HWIO', 'NHWC'), feature_group_count=16)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.warns(eqsat.EqsatWarning, match="cannot write its cache"):
+        args = ["tune", "dwmod_unwritable:dw", "--args", "f32[2,40,40,16]", "f32[3,3,1,16]", "--no-progress"]
+        assert main(args) == 2
+    assert f"{blocker}/timing" in capsys.readouterr().err
+
+
 def test_tune_warms_and_exports(cache_dir, tmp_path, capsys):
     module = tmp_path / "dwmod.py"
     module.write_text(
