@@ -81,6 +81,10 @@ def test_cache_files_are_checked_and_versioned(cache_dir, capsys):
     bad.write_text(json.dumps({"format": 99, "entries": {}}))
     with pytest.raises(ValueError, match=f"format {timing.FORMAT}"):
         timing.parse(bad.read_text(), "bad.json")
+    for key in ("Conv", '["Conv", [], [[2, "x"]], "float32"]'):  # a key planning could not read as a kernel's
+        odd = timing.TimingCache("gpu:odd", timing.versions(), {key: 1e-3}).to_json()
+        with pytest.raises(ValueError, match="is not a kernel's key"):
+            timing.parse(odd, "odd.json")
     stale = timing.TimingCache("cpu:cpu", "jax 0.0.0, jaxlib 0.0.0", {_keys("Conv"): 1.0})
     (cache_dir / "timing").mkdir()
     (cache_dir / "timing" / "cpu_cpu.json").write_text(stale.to_json())
