@@ -52,6 +52,24 @@ def test_the_first_call_runs_jax_jits_program_and_a_later_call_the_validated_pla
     assert fast._dispatch is warm  # the call switched to it: nothing traced or compiled in the call
 
 
+def test_a_settled_signature_is_called_through_jax_jits_dispatch_alone(monkeypatch):
+    fast = eqsat.optimize(_program(), background=True)
+    fast(X, W1, W2)
+    fast.plan(X, W1, W2)
+    fast(X, W1, W2)  # switches to the plan and settles
+    slow, finished = [], []
+    monkeypatch.setattr(fast, "_call", lambda *a: slow.append(a) or eqsat.api.Optimized._call(fast, *a))
+    monkeypatch.setattr(
+        fast, "_finish", lambda *a, **k: finished.append(a) or eqsat.api.Optimized._finish(fast, *a, **k)
+    )
+    for _ in range(5):
+        np.testing.assert_allclose(fast(X, W1, W2), X @ (W1 + W2), rtol=1e-6)
+    assert not slow and not finished  # nothing but jax.jit's call
+    x = jnp.ones((7, 4))  # a new signature: its trace moves the epoch, and the call settles what it built
+    np.testing.assert_allclose(fast(x, W1, W2), x @ (W1 + W2), rtol=1e-6)
+    assert finished and fast.plan(x, W1, W2).rewritten_ops()
+
+
 def test_a_wrong_plan_found_in_the_background_warns_and_the_original_keeps_running():
     fast = eqsat.optimize(lambda a, b: jnp.tanh(a + b), rules=['(rewrite (Tanh x) x :name "wrong")'], background=True)
     a, b = jnp.ones((64, 64)), jnp.full((64, 64), 2.0)
