@@ -509,6 +509,7 @@ class Optimized:
                 with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
                     flat = examples(entry.signature) if flat is None else flat
                 validate.compare(self._planner, entry, flat, got)
+                ran = None if entry.mismatched else ran  # what the call ran does not run any more
                 sharded = not entry.mismatched and partitioned(flat, entry.plan.graph)
                 if sharded and validate.keep_collectives(self._planner, entry, flat):
                     self._dispatch.reset()

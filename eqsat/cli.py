@@ -346,7 +346,7 @@ def _tune(args: argparse.Namespace) -> int:
     from eqsat.extract import timing
 
     if args.import_file:
-        incoming = timing.parse(Path(args.import_file).read_text(), args.import_file)
+        incoming = timing.parse(Path(args.import_file).read_bytes(), args.import_file)
         cache = timing.cache_for(incoming.device)
         added = cache.merge(incoming)
         cache.save()
@@ -359,7 +359,7 @@ def _tune(args: argparse.Namespace) -> int:
         return 0
     if args.function is None and args.bench is None:
         for path in sorted(timing.cache_path("x").parent.glob("*.json")):
-            cache = timing.parse(path.read_text(), str(path))
+            cache = timing.parse(path.read_bytes(), str(path))
             print(f"{path}: {len(cache.entries)} timings for {cache.device} ({cache.versions})")
         return 0
     return _warm(args)
@@ -368,6 +368,7 @@ def _tune(args: argparse.Namespace) -> int:
 def _warm(args: argparse.Namespace) -> int:
     import eqsat
     from eqsat import progress
+    from eqsat.extract import timing
     from eqsat.extract.cost import load_profile
 
     try:
@@ -378,6 +379,8 @@ def _warm(args: argparse.Namespace) -> int:
     limits = eqsat.Limits(measure_seconds=args.budget, timing_transfer=0)  # measured at these very shapes
     with progress.live_progress(None if args.progress else False):
         plan = eqsat.optimize(work.fn, target=args.target, limits=limits, validate=False).plan(*work.args)
+    if profile.timing_device:  # what the command is for: an error where the cache cannot be written
+        timing.cache_for(profile.timing_device).save()
     stats = plan.stats
     print(
         f"{work.name}: timing cache for {profile.timing_device or '(none: this profile names no device)'}: "

@@ -54,7 +54,8 @@ class Entry:
     reference: Future | None = None
     key: str | None = None  # where the plan is kept across processes (eqsat/plan_store.py)
     lock: threading.Lock = field(default_factory=threading.Lock)  # held while validating: once, by one thread
-    mismatched: bool = False  # validation found the plan's results wrong: the original runs
+    # validation found the results of a plan that may have run wrong: the original, or a plan made afresh, runs
+    mismatched: bool = False
     # the plan being built in the background (eqsat/background.py): until it is ready this entry runs the original
     job: Future | None = None
     traced: bool = False  # a dispatch's trace runs it, so a call may have
@@ -120,9 +121,8 @@ class Planner:
         flat_fun, out_tree, closed = captured.flat_fun, captured.out_tree, captured.closed
         try:
             key = self._store_key(closed, ("program", prepared))
-            stored = plan_store.load(key, self.options.profile) if key else None
+            stored = self._stored(key, closed, signature) if key else None
             if stored is not None:
-                stored.graph = self._graph(closed, signature)
                 stored.stats.update(stored=1.0, load_s=time.perf_counter() - t0)
                 return self._entry_of(signature, stored, flat_fun, out_tree, closed, prepared, key)
             if signature not in self.saturated:
@@ -218,6 +218,26 @@ class Planner:
         self._optimize_bodies(graph)
         return graph
 
+    def _stored(self, key: str, closed: jcore.ClosedJaxpr, signature: Signature) -> Plan | None:
+        """The plan kept under this key with the captured program attached, where it lowers to the program's result
+        types (its first call validates its values); one that does not is set aside."""
+        plan = plan_store.load(key, self.options.profile)
+        if plan is None:
+            return None
+        plan.graph = self._graph(closed, signature)
+        if plan.fallback or self.nothing_to_gain(plan):  # the original runs
+            return plan
+        want = [(a.shape, a.dtype) for a in closed.out_avals]
+        try:
+            got = [(a.shape, a.dtype) for a in jax.make_jaxpr(lower(plan))(*signature.avals).out_avals]
+            problem = None if got == want else f"gives results of types {got}, the program's are {want}"
+        except Exception as error:
+            problem = f"does not lower ({type(error).__name__}: {error})"
+        if problem is None:
+            return plan
+        plan_store.set_aside(key, problem)
+        return None
+
     def _store_key(self, closed: jcore.ClosedJaxpr, what: tuple) -> str | None:
         """The key of this program's plan among those kept across processes; None where none are kept."""
         if not plan_store.enabled():
@@ -260,21 +280,21 @@ class Planner:
         original = original or _original(closed)
         if self.nothing_to_gain(plan) or plan.fallback:  # run the original program exactly as jax.jit would
             return Entry(signature, plan, original, original, out_tree, validated=True, key=key)
-        # a kept plan that validation accepted in an earlier process is trusted as it is within one
-        validated = not self.options.validate or bool(plan.stats.get("stored_validated"))
+        validated = not self.options.validate  # a plan kept from another process too: each process validates
         reference = None if validated else _COMPILER.submit(_compiled_reference, closed)
         call = self.runner(plan, flat_fun)
         return Entry(signature, plan, call, original, out_tree, validated, prepared, reference, key)
 
     def _optimize_bodies(self, graph: Graph) -> None:
-        """Optimize the bodies of scan, while, cond, remat and shard_map calls as programs of their own, in place."""
+        """Optimize the bodies of scan, while, cond, remat and shard_map calls as programs of their own, in place;
+        the keys of body plans kept from other processes are listed in graph.stored_bodies."""
         for k, call in enumerate(graph.opaque):
             changed = {}
             for name, value in call.params.items():
                 if name in _SUBPROGRAM_PARAMS and isinstance(value, jcore.Jaxpr | jcore.ClosedJaxpr):
-                    changed[name] = self._optimize_body(value, call)
+                    changed[name] = self._optimize_body(value, call, graph.stored_bodies)
                 elif name == "branches" and isinstance(value, tuple):
-                    branches = tuple(self._optimize_body(b, call) for b in value)
+                    branches = tuple(self._optimize_body(b, call, graph.stored_bodies) for b in value)
                     # a new tuple of the same branches is no change (it made every cond look rewritten)
                     changed[name] = value if all(map(operator.is_, branches, value)) else branches
             changed = {name: v for name, v in changed.items() if v is not call.params[name]}
@@ -282,8 +302,9 @@ class Planner:
                 graph.opaque[k] = Opaque(call.primitive, {**call.params, **changed}, call.multiple_results)
                 graph.bodies_rewritten += 1
 
-    def _optimize_body(self, body: Any, call: Opaque) -> Any:
-        """The body re-planned, or the body itself when nothing changed or the result would not fit in its place.
+    def _optimize_body(self, body: Any, call: Opaque, stored: list[str]) -> Any:
+        """The body re-planned, or the body itself when nothing changed or the result would not fit in its place;
+        the keys of kept plans it (and bodies within it) took from other processes are added to `stored`.
 
         It is traced as its call traces it: a shard_map body within the mesh's manual axes (its collectives and
         pvary name them), on its own input types (a value varying over an axis stays varying)."""
@@ -292,6 +313,7 @@ class Planner:
             self._optimize_bodies(graph)
             key = self._store_key(body, ("body",)) if isinstance(body, jcore.ClosedJaxpr) else None
             plan = plan_store.load(key, self.options.profile) if key else None
+            kept = plan is not None
             if plan is None:
                 snapshot = self.saturate(graph, list(self.options.rules))
                 plan = self.extract(graph, snapshot, prepared=False)
@@ -301,10 +323,17 @@ class Planner:
             if self.nothing_to_gain(plan):
                 return body
             inner = body.jaxpr
-            new = jax.make_jaxpr(lower(plan))(*[v.aval for v in inner.invars])
+            try:
+                new = jax.make_jaxpr(lower(plan))(*[v.aval for v in inner.invars])
+            except Exception as error:
+                if not kept:
+                    raise
+                plan_store.set_aside(key, f"does not lower ({type(error).__name__}: {error})")
+                return self._optimize_body(body, call, stored)
         same_type = [_type(v) for v in new.jaxpr.outvars] == [_type(v) for v in inner.outvars]
         if not same_type or new.consts or inner.constvars:
             return body
+        stored.extend([*graph.stored_bodies, key] if kept else graph.stored_bodies)
         return new if isinstance(body, jcore.ClosedJaxpr) else new.jaxpr
 
 

@@ -39,10 +39,15 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
             if wrong is not None:
                 wrong = less_accurate(entry.original, flat, expected, got, wrong)
     if wrong is None:
-        if entry.key:
-            plan_store.mark_validated(entry.key)
         return
     k, problem = wrong
+    stored = [entry.key] if entry.key and entry.plan.stats.get("stored") else []
+    stored += entry.plan.graph.stored_bodies if entry.plan.graph is not None else []
+    if stored:  # a kept plan (or body plan) changed since it was validated, or wrong on these values: planned again
+        for key in stored:
+            plan_store.set_aside(key, f"gave results that differ from the original's ({problem})")
+        _plan_again(planner, entry, flat)
+        return
     progress.begin("validate", "validate: finding the rules the mismatch depends on")
     with jax.ensure_compile_time_eval():
         entry.plan.blamed, exact = blame(planner, entry, flat, k, expected[k])
@@ -59,6 +64,20 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
         stacklevel=5,
     )
     entry.call, entry.mismatched = entry.original, True
+
+
+def _plan_again(planner: Planner, entry: Entry, flat: list[Any]) -> None:
+    """The entry planned afresh, its stored plans set aside, and validated on flat; marked mismatched, so that a
+    call that ran the stored plan runs again."""
+    planner.saturated.pop(entry.signature, None)  # its graph holds the stored body plans
+    with jax.core.eval_context():
+        fresh = planner.build(entry.signature, entry.prepared)
+    entry.plan, entry.call = fresh.plan, entry.original if fresh.call is fresh.original else fresh.call
+    if fresh.reference is not None:  # the entry's own reference compiles the same original
+        fresh.reference.cancel()
+    if not fresh.validated:
+        compare(planner, entry, flat, None)
+    entry.mismatched = True
 
 
 def blame(planner: Planner, entry: Entry, flat: list[Any], k: int, want: Any) -> tuple[list[str], bool]:
