@@ -25,6 +25,22 @@ def test_untraceable_function():
     assert "eqsat.optimize traced branchy" in "\n".join(caught.value.__notes__)
 
 
+def test_a_traced_bool_names_the_users_function_and_argument_as_jax_jit_does():
+    def branchy(weights, x):
+        if x.sum() > 0:
+            return weights @ x
+        return x
+
+    messages = []
+    for traced in (jax.jit(branchy), eqsat.optimize(branchy)):
+        with pytest.raises(jax.errors.TracerBoolConversionError) as caught:
+            traced(jnp.ones((3, 3)), jnp.ones(3))
+        messages.append(str(caught.value))
+    assert "the function branchy at " in messages[1] and "the argument x." in messages[1], messages[1]
+    assert "flat_fun" not in messages[1] and "leaves[" not in messages[1]
+    assert messages[1] == messages[0]
+
+
 def test_non_array_argument():
     with pytest.raises(TypeError, match="as an abstract array"):
         eqsat.optimize(lambda x: x)("text")
