@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 import eqsat
+import eqsat.__main__
 from eqsat import progress
 from eqsat.__main__ import main
 from eqsat.extract import report
@@ -101,11 +102,11 @@ def test_bad_arg_spec_is_an_argparse_error():
 @pytest.mark.parametrize(
     "argv, flag",
     [
-        (["optimize", "test_cli:tiny", "--iterations", "-3"], "--iterations"),
-        (["optimize", "test_cli:tiny", "--nodes", "1.5"], "--nodes"),
-        (["optimize", "test_cli:tiny", "--seconds", "nan"], "--seconds"),
-        (["optimize", "test_cli:tiny", "--measure", "0"], "--measure"),
-        (["tune", "test_cli:tiny", "--budget", "-1"], "--budget"),
+        (["optimize", "eqsat.examples:matmul_chain", "--iterations", "-3"], "--iterations"),
+        (["optimize", "eqsat.examples:matmul_chain", "--nodes", "1.5"], "--nodes"),
+        (["optimize", "eqsat.examples:matmul_chain", "--seconds", "nan"], "--seconds"),
+        (["optimize", "eqsat.examples:matmul_chain", "--measure", "0"], "--measure"),
+        (["tune", "eqsat.examples:matmul_chain", "--budget", "-1"], "--budget"),
         (["demo", "--seconds", "inf"], "--seconds"),
         (["calibrate", "--seconds", "0"], "--seconds"),
         (["rules", "check", "--examples", "0"], "--examples"),
@@ -126,7 +127,7 @@ def test_a_bad_number_is_an_argument_error(argv, flag, capsys):
 
 def test_optimize_with_negative_iterations_prints_no_traceback():
     done = subprocess.run(
-        [sys.executable, "-m", "eqsat", "optimize", "test_cli:tiny", "--args", "f32[2,2]", "--iterations", "-3"],
+        [sys.executable, "-m", "eqsat", "optimize", "eqsat.examples:matmul_chain", "--iterations", "-3"],
         capture_output=True,
         text=True,
     )
@@ -137,9 +138,12 @@ def test_optimize_with_negative_iterations_prints_no_traceback():
 def test_fuzz_takes_the_common_flags_and_no_progress_drops_its_progress_lines(capsys, monkeypatch):
     monkeypatch.setenv("EQSAT_PLAN_STORE", "off")  # what the command sets for itself
     monkeypatch.setattr(signal, "signal", lambda *args: None)  # the command's SIGTERM handler stays out of pytest
+    verbosity: list[int] = []
+    monkeypatch.setattr(eqsat.__main__, "configure_logging", verbosity.append)  # no handler left behind
     assert main(["fuzz", "--n", "2", "--every", "1", "--no-progress", "-v"]) == 0
     quiet = capsys.readouterr().out
     assert "2 cases" in quiet and not re.search(r"^\d+ cases, \d\d:\d\d:\d\d$", quiet, re.M), quiet
+    assert verbosity == [1]
     assert main(["fuzz", "--n", "2", "--every", "1"]) == 0
     assert re.search(r"^2 cases, \d\d:\d\d:\d\d$", capsys.readouterr().out, re.M)
 
