@@ -41,6 +41,10 @@ def compare_plans(args: argparse.Namespace) -> int:
         reason = f"{error.filename}: {error.strerror}" if isinstance(error, OSError) else str(error)
         print(f"python -m eqsat compare: error: {reason}", file=sys.stderr)
         return 2
+    twice = sorted({path for path in args.plans if args.plans.count(path) > 1})
+    if twice:
+        print(f"python -m eqsat compare: error: {', '.join(twice)} given twice", file=sys.stderr)
+        return 2
     compare(*plans, labels=args.plans)
     if args.html:
         if len(plans) != 2:

@@ -51,6 +51,8 @@ def test_optimize_bench_then_compare_saved_plans(tmp_path, capsys):
     assert f"eqsat plans {cpu} (cpu) and {h100} (h100)" in both.read_text()
     assert main(["compare", str(cpu), "--html", str(both)]) == 2
     assert "--html draws two plans" in capsys.readouterr().err
+    assert main(["compare", str(cpu), str(cpu)]) == 2
+    assert capsys.readouterr().err == f"python -m eqsat compare: error: {cpu} given twice\n"
 
 
 def test_help_of_every_subcommand_has_examples_and_the_common_flags(capsys):
