@@ -137,7 +137,8 @@ def check_commands(src: RuleSource) -> None:
     """Refuse, before egglog runs anything, every command of a user's rule source that is not a rule: includes,
     input/output, push/pop, run, extract, print, set-option and declarations could read or write files, run
     unbounded or change the prelude. Rules may not join a ruleset (the analysis is the op table's) nor set a
-    tensor's shape or dtype. Errors name file, line and column and say what is allowed."""
+    tensor's shape or dtype; every rule carries a :name. Errors name file, line and column and say what is
+    allowed."""
     raw = src.text.encode()
     forms, unclosed = _top_level_forms(raw)
     for start, head in forms:  # before egglog parses: its parser reads (include ...) files
@@ -198,7 +199,8 @@ def _top_level_forms(raw: bytes) -> tuple[list[tuple[int, str]], int | None]:
                 forms.append((pos, head.group(1).decode() if head else ""))
             opened.append(pos)
         elif c == b")":
-            opened = opened[:-1]
+            if opened:
+                opened.pop()
         elif not opened and not c.isspace():
             forms.append((pos, raw[pos:].split(None, 1)[0].decode(errors="replace")))
             while pos < len(raw) and not raw[pos : pos + 1].isspace() and raw[pos : pos + 1] not in b'();"':
