@@ -2,6 +2,7 @@
 
 import argparse
 import importlib
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -71,6 +72,43 @@ def parse_arg_spec(text: str) -> ArgSpec:
         )
     dims = [d for d in match.group(2).replace(" ", "").split(",") if d]
     return ArgSpec(dtype, tuple(int(d) for d in dims))
+
+
+def number(kind: type[int] | type[float], least: float, *, above: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a finite number of this kind, at least `least` (or above it), so that a bad count or
+    time is an argument error that names the flag, not a traceback from where the value is used."""
+    what = f"{'a whole number' if kind is int else 'a finite number'} {'above' if above else 'of at least'} {least:g}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < least or (above and value == least):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_common_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every command takes, before or after its name (only the ones given are set: main sets the
+    defaults once, so a subcommand's unset flag does not overwrite the one given before it)."""
+    common = p.add_argument_group("common flags")
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="log plans as they are built (-vv: every phase, too)",
+    )
+    common.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        default=argparse.SUPPRESS,
+        help="show no progress (the live display on a terminal, fuzz's progress lines)",
+    )
 
 
 def _import_target(target: str) -> Callable[..., Any]:
@@ -308,9 +346,15 @@ def _add_optimize_options(p: argparse.ArgumentParser, how: Any) -> None:
         choices=["greedy", "ilp", "auto"],
         help="greedy DAG, exact ILP (HiGHS) or auto: both within a time budget, the cheaper kept (default)",
     )
-    how.add_argument("--iterations", type=int, metavar="N", help="saturation iterations at most (default 12)")
-    how.add_argument("--nodes", type=int, metavar="N", help="stop saturating at this many e-nodes (default 50000)")
-    how.add_argument("--seconds", type=float, metavar="S", help="saturation time limit in seconds (default 10)")
+    how.add_argument(
+        "--iterations", type=number(int, 0), metavar="N", help="saturation iterations at most (default 12)"
+    )
+    how.add_argument(
+        "--nodes", type=number(int, 0), metavar="N", help="stop saturating at this many e-nodes (default 50000)"
+    )
+    how.add_argument(
+        "--seconds", type=number(float, 0), metavar="S", help="saturation time limit in seconds (default 10)"
+    )
     how.add_argument(
         "--no-validate", action="store_true", help="do not run the plan against the original on the example inputs"
     )
@@ -321,14 +365,11 @@ def _add_optimize_options(p: argparse.ArgumentParser, how: Any) -> None:
     out.add_argument("--memory", action="store_true", help="also print the plan's memory: liveness, arena, XLA's")
     out.add_argument(
         "--measure",
-        type=float,
+        type=number(float, 0, above=True),
         nargs="?",
         const=3.0,
         metavar="SECONDS",
         help="time the plan against jax.jit, interleaved in this process (budget default 3 s)",
-    )
-    out.add_argument(
-        "--no-progress", dest="progress", action="store_false", help="no live progress display on a terminal"
     )
     p.set_defaults(run=run_optimize)
 
@@ -405,13 +446,10 @@ def add_tune_command(commands: Any) -> None:
     )
     _add_what(p, "tune")
     p.add_argument("--target", default="cpu", help="device profile whose timing cache to warm (default: cpu)")
-    p.add_argument("--budget", type=float, default=60.0, help="seconds of measuring at most (default 60)")
+    p.add_argument("--budget", type=number(float, 0), default=60.0, help="seconds of measuring at most (default 60)")
     p.add_argument("--export", dest="export_file", metavar="FILE", help="write a device's timing cache to FILE")
     p.add_argument("--device", help="the device to export (default: this one), as the cache names it")
     p.add_argument("--import", dest="import_file", metavar="FILE", help="merge a timing cache file into the cache")
-    p.add_argument(
-        "--no-progress", dest="progress", action="store_false", help="no live progress display on a terminal"
-    )
     p.set_defaults(run=run_tune)
 
 
@@ -462,16 +500,15 @@ def add_profile_command(commands: Any) -> None:
     )
     _add_what(p, "profile")
     p.add_argument("--target", default="cpu", help="device profile whose roofline prices the kernels (default: cpu)")
-    p.add_argument("--budget", type=float, default=30.0, help="seconds of measuring new kernels at most (default 30)")
+    p.add_argument(
+        "--budget", type=number(float, 0), default=30.0, help="seconds of measuring new kernels at most (default 30)"
+    )
     p.add_argument(
         "--seconds",
-        type=float,
+        type=number(float, 0),
         default=2.0,
         help="seconds timing the program end to end (default 2; 0: the kernels alone, nothing compiled whole)",
     )
     p.add_argument("--json", metavar="OUT.json", help="save the census (eqsat.census.load_census reads it)")
     p.add_argument("--html", metavar="OUT.html", help="the plan's report with the census drawn as a chart")
-    p.add_argument(
-        "--no-progress", dest="progress", action="store_false", help="no live progress display on a terminal"
-    )
     p.set_defaults(run=run_profile)

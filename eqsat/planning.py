@@ -19,7 +19,7 @@ from typing import Any
 import jax
 from jax.extend import core as jcore
 
-from eqsat import plan_store, progress, repeats
+from eqsat import background, plan_store, progress, repeats
 from eqsat.autotune import autotune
 from eqsat.backends.lower import lower, with_original_derivatives
 from eqsat.capture import capture
@@ -137,6 +137,8 @@ class Planner:
         except EqsatError:  # a bad rule or a shape conflict: the user's to fix
             raise
         except Exception as error:  # eqsat's own failure: the original runs
+            if background.exiting():
+                raise background.Stopped from error
             why = _failure(self.name, error)
             warnings.warn(f"{why}; running the original instead", EqsatWarning, stacklevel=6)
             return self.original_entry(signature, jax.jit(flat_fun), out_tree, why)

@@ -14,7 +14,7 @@ from typing import Any
 
 from eqsat.census import Census
 from eqsat.extract import provenance
-from eqsat.extract.changes import Region, format_metric, plan_summary, ranked_ops, regions
+from eqsat.extract.changes import Region, format_metric, plan_summary, program_difference, ranked_ops, regions
 from eqsat.extract.cost import Cost
 from eqsat.extract.plan import Plan
 from eqsat.extract.views import (
@@ -335,11 +335,15 @@ def to_html(
         first, second = original_program(plan), plan_program(plan)
         names, rules, kinds = ("original", "plan"), plan.rules_fired, ("original", "plan")
         title = f"eqsat plan for target {plan.target}: {plan.predicted_speedup:.2f}x predicted"
+        comparable = True
     else:
         first, second = plan_program(plan), plan_program(versus)
         names, rules, kinds = labels, versus.rules_fired, ("original", "plan")
         title = f"eqsat plans {labels[0]} ({plan.target}) and {labels[1]} ({versus.target})"
-    found = regions(first, second, rules, versus is None or plan.target == versus.target)
+        different = program_difference(plan, versus, labels)
+        title += f", of different programs ({different})" if different else ""
+        comparable = plan.target == versus.target and not different  # no speed-up between two programs
+    found = regions(first, second, rules, comparable)
     only_first, only_second = unmatched(first, second)
     only_second |= {i for i, n in enumerate(second.nodes) if n.rewritten and versus is None}
     data = {

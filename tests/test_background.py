@@ -149,6 +149,40 @@ def test_a_process_exits_without_waiting_for_the_plan_being_built(tmp_path):
     assert time.perf_counter() - start < 45  # the saturation alone would take 60 s
 
 
+def test_a_process_that_exits_while_a_plan_compiles_its_reference_prints_no_warning(tmp_path):
+    """The process exits just as the plan being built hands its reference compile to another thread: threading's
+    exit hooks have begun, which refuse new threads and futures; the plan is dropped without a warning."""
+    script = textwrap.dedent(
+        """
+        import threading, time
+        import jax.numpy as jnp
+        import eqsat
+        from eqsat import planning
+
+        reached, exiting = threading.Event(), threading.Event()
+        threading._register_atexit(exiting.set)  # registered last: the first exit hook to run
+        compiler = planning._COMPILER
+
+        class AtExit:  # hands the reference compile over once the process has begun to exit
+            def submit(self, *args):
+                reached.set()
+                exiting.wait()
+                time.sleep(1.0)
+                return compiler.submit(*args)
+
+        planning._COMPILER = AtExit()
+        fast = eqsat.optimize(lambda x, w1, w2: x @ w1 + x @ w2, background=True)
+        print("result:", float(fast(jnp.ones((3, 4)), jnp.ones((4, 5)), jnp.ones((4, 5))).sum()))
+        assert reached.wait(60)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=_env(tmp_path)
+    )
+    assert done.returncode == 0 and "result: 120.0" in done.stdout, done.stderr
+    assert "EqsatWarning" not in done.stderr and "could not plan" not in done.stderr, done.stderr
+
+
 def _env(tmp_path):
     import os
 

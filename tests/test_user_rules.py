@@ -13,7 +13,7 @@ from eqsat.capture import capture
 from eqsat.rule_sources import RuleSource, collect
 from eqsat.saturate import saturate
 
-NEVER_SATURATES = "(rule ((= e (Exp x))) ((union e (Exp (Neg (Neg x))))){ruleset})"
+NEVER_SATURATES = '(rule ((= e (Exp x))) ((union e (Exp (Neg (Neg x))))) :name "endless"{ruleset})'
 
 
 def test_an_analysis_that_never_saturates_stops_at_the_limits():
@@ -51,7 +51,7 @@ def _chain_args():
 
 def test_a_wrong_element_beside_large_ones_is_caught():
     # exp(-6) = 0.0025 computed as -6 next to values of 1e4: far below the output's scale, far from its own value
-    fast = eqsat.optimize(_chain_and_exp, rules="(rewrite (Exp x) x)")
+    fast = eqsat.optimize(_chain_and_exp, rules='(rewrite (Exp x) x :name "exp-id")')
     args = _chain_args()
     with pytest.warns(
         eqsat.EqsatWarning, match=r"result 0: less accurate than the original, e\.g\. -6 where the float64"
@@ -98,12 +98,15 @@ def test_the_unsound_user_rule_is_named_with_file_and_line(tmp_path):
     assert plan.rules_involved() == ["exp-id"] and "mine.egg:3" in plan.fallback
 
 
-def test_a_rule_string_without_a_name_is_named_by_its_text():
-    # a function of its own: optimize() of one function and settings shares its plans, as jax.jit shares traces,
-    # and the test above has already planned (and warned about) _chain_and_exp with this rule
-    fast = eqsat.optimize(lambda *args: _chain_and_exp(*args), rules="(rewrite (Exp x) x)")
-    with pytest.warns(eqsat.EqsatWarning, match=r"Rules involved: \(rewrite \(Exp x\) x\) \(<rules string 1>:1\)"):
-        fast(*_chain_args())
+def test_a_rule_without_a_name_is_refused_with_file_and_line(tmp_path):
+    # the README says rules carry a :name: plans count fired rules, and validation blames them, by it
+    path = tmp_path / "mine.egg"
+    path.write_text('; my rules\n(rewrite (Tanh x) (Tanh x) :name "fine")\n\n  (rewrite (Exp x) x)\n')
+    with pytest.raises(eqsat.RuleError, match=r"mine\.egg:4:3: this rule has no :name \(add one, e\.g\. :name "):
+        eqsat.optimize(lambda x: x, rules=[path])
+    for text in ("(birewrite (Exp x) (Exp x))", "(rule ((= e (Exp x))) ((union e (Exp x))))"):
+        with pytest.raises(eqsat.RuleError, match=r"<rules string 1>:1:1: this rule has no :name"):
+            eqsat.optimize(lambda x: x, rules=text)
 
 
 def test_validation_allows_what_the_original_leaves_undetermined_and_no_more():
