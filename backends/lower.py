@@ -91,27 +91,52 @@ def overflow_guarded(
     re-associated (A@B)@v overflows where the original does not.
 
     Under vmap one check covers the whole batch (a custom_vmap rule): the cond of a batched predicate would
-    become a select that runs both programs. Derivatives go through the plain cond."""
+    become a select that runs both programs. Derivatives are the plan's where it is finite, else the original's
+    (the plan's tangents computed inside the branch: outside, the other branch's zero cotangent times an
+    overflowed value would be NaN)."""
 
-    def checked(*args: Any) -> list[Any]:
-        values = optimized(*args)
+    def split(values: list[Any]) -> tuple[list[Any], Any]:
+        """The results, and whether every watched inexact value is finite (None: none can overflow)."""
         results, watch = values[: len(values) - watched], values[len(values) - watched :]
         inexact = [v for v in watch if jnp.issubdtype(v.dtype, jnp.inexact)]
         if not inexact:  # integers and booleans cannot overflow to inf
-            return results
+            return results, None
+        return results, functools.reduce(jnp.logical_and, [jnp.all(jnp.isfinite(v)) for v in inexact])
+
+    @custom_vmap
+    def checked(*args: Any) -> list[Any]:
+        values = optimized(*args)
         with jax.named_scope(OVERFLOW_GUARD):
-            finite = functools.reduce(jnp.logical_and, [jnp.all(jnp.isfinite(v)) for v in inexact])
-            return lax.cond(finite, lambda: results, lambda: original(*args))
+            results, finite = split(values)
+            return results if finite is None else lax.cond(finite, lambda: results, lambda: original(*args))
 
-    batched = custom_vmap(checked)
-
-    @batched.def_vmap
-    def _rule(axis_size: int, in_batched: list[bool], *args: Any) -> tuple[list[Any], list[bool]]:
+    @checked.def_vmap
+    def _batched(axis_size: int, in_batched: list[bool], *args: Any) -> tuple[list[Any], list[bool]]:
         axes = tuple(0 if b else None for b in in_batched)
         run = overflow_guarded(jax.vmap(optimized, in_axes=axes), jax.vmap(original, in_axes=axes), watched)
         results = run(*args)
         return results, [True] * len(results)
 
-    differentiable = jax.custom_jvp(batched)  # custom_vmap has no transpose: grad would fail through it
-    differentiable.defjvp(lambda primals, tangents: jax.jvp(checked, primals, tangents))
+    differentiable = jax.custom_jvp(checked)  # custom_vmap has no transpose: grad would fail through it
+
+    @differentiable.defjvp
+    def _jvp(primals: tuple, tangents: tuple) -> tuple[list[Any], list[Any]]:
+        live = [i for i, t in enumerate(tangents) if t.dtype != jax.dtypes.float0]  # integer inputs have none
+
+        def jvp_of(fun: Callable[..., list[Any]]) -> Callable[[], tuple[list[Any], list[Any]]]:
+            def on(*xs: Any) -> list[Any]:
+                full = list(primals)
+                for i, x in zip(live, xs, strict=True):
+                    full[i] = x
+                return fun(*full)
+
+            return lambda: jax.jvp(on, [primals[i] for i in live], [tangents[i] for i in live])
+
+        def plan() -> tuple[list[Any], list[Any]]:
+            values, dvalues = jvp_of(optimized)()
+            return values[: len(values) - watched], dvalues[: len(values) - watched]
+
+        _, finite = split(optimized(*primals))
+        return plan() if finite is None else lax.cond(finite, plan, jvp_of(original))
+
     return differentiable
