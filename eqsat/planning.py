@@ -219,15 +219,12 @@ class Planner:
         frontier = [i for i in plan.rewritten_frontier() if _may_overflow(plan.nodes[i].dtype)] if real else []
         graph = plan.graph
         bodies = graph.real_bodies if graph is not None else {}
-        calls = {}  # node -> the opaque call whose result it is
+        calls = {}  # node holding one array that a call with such bodies returned -> that call's opaque index
         for i, node in enumerate(plan.nodes):
-            call = plan.nodes[node.inputs[0]] if node.op == "Get" else node
-            if (
-                call.op == "Op"
-                and call.attrs[0] in bodies
-                and (node.op == "Get") == graph.opaque[call.attrs[0]].multiple_results
-            ):
-                calls[i] = call.attrs[0]
+            call = plan.nodes[node.inputs[0]] if node.op == "Get" else node  # a multi-result call's: its Gets
+            index = call.attrs[0] if call.op == "Op" else None
+            if index in bodies and (node.op == "Get") == graph.opaque[index].multiple_results:
+                calls[i] = index
         watched = [i for i in calls if _may_overflow(plan.nodes[i].dtype)]
         rules = (real if frontier else []) + [rule for i in watched for rule in bodies[calls[i]]]
         plan.overflow_guard = sorted(set(rules))
