@@ -34,7 +34,7 @@ from jax._src import core as jax_core  # the trace a body runs under, to tell a 
 
 from eqsat import background, validate
 from eqsat.backends import memory
-from eqsat.backends.lower import with_weights
+from eqsat.backends.lower import overflow_guarded, with_weights
 from eqsat.backends.memory import BudgetReport, MemoryReport, memory_report
 from eqsat.buckets import Bucketed, Buckets
 from eqsat.budget import check_budget
@@ -239,7 +239,11 @@ class Optimized:
             p, r = iter(params_flat), iter(rest_flat)
             return [next(p) if param else next(r) for param in is_param]
 
-        body, weights = with_weights(entry.plan, flat)
+        watch = self._planner.overflow_watch(entry.plan)
+        body, weights = with_weights(entry.plan, flat, watch)
+        if watch:  # the original, the guard's fallback, takes no prepared weights
+            original_flat, n = _inlined(entry.original), len(flat)
+            body = overflow_guarded(body, lambda *args: original_flat(*args[:n]), len(watch))
         run = jax.jit(lambda p, r, w: body(*ordered(p, r), *w))
         if self.options.limits.guard_seconds > 0:
             leaves = [x for x, param in zip(flat, is_param, strict=True) if not param]

@@ -139,7 +139,7 @@ def keep_collectives(planner: Planner, entry: Entry, flat: list[Any]) -> bool:
         if added and done is not None and "Concat" in entry.plan.rewritten_ops():
             unmerged = planner.extract(done.graph, done.snapshot, entry.prepared, forbid=frozenset({"Concat"}))
             if not planner.nothing_to_gain(unmerged):
-                call = planner.runner(unmerged, done.flat_fun)
+                call = planner.runner(unmerged, done.flat_fun, done.closed)
                 if not added_collectives(call, entry.original, flat):
                     unmerged.stats.update({k: v for k, v in entry.plan.stats.items() if k not in unmerged.stats})
                     unmerged.extraction.refused = _collectives_text(added) + " (merges not made)"
