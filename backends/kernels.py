@@ -2,81 +2,146 @@
 devices and shapes (eqsat/ops.py's entries marked `alternative` lower through these; rules/kernels.egg puts each
 beside the op it can replace, and the timing cache chooses)."""
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from math import prod
+from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+if TYPE_CHECKING:
+    from eqsat.ops import ConvAttrs, PoolAttrs
+
+Shape = tuple[int, ...]
+
+
+def conv_dimension_numbers(rank: int) -> lax.ConvDimensionNumbers:
+    """The layout every Conv of the op table is in, for any number of spatial axes: x (batch, spatial..., features),
+    w (spatial..., in, out), the output as x. Capture transposes other layouts into it (XLA folds the transposes)."""
+    spatial = tuple(range(1, rank - 1))
+    return lax.ConvDimensionNumbers(
+        (0, rank - 1, *spatial), (rank - 1, rank - 2, *range(rank - 2)), (0, rank - 1, *spatial)
+    )
+
+
+def conv(a: "ConvAttrs", x: Any, w: Any) -> Any:
+    """The convolution itself (lax.conv_general_dilated in the table's layout)."""
+    return lax.conv_general_dilated(
+        x,
+        w,
+        a.strides,
+        tuple(zip(a.pad_low, a.pad_high, strict=True)),
+        a.lhs_dilation,
+        a.rhs_dilation,
+        conv_dimension_numbers(x.ndim),
+        feature_group_count=a.feature_groups,
+        batch_group_count=a.batch_groups,
+    )
+
 
 def repeated_channels(x: Any, out_channels: int) -> Any:
-    """NHWC x with each channel repeated out_channels / C times: with a channel multiplier m, output channel o
-    reads input channel o // m."""
-    n, h, wd, channels = x.shape
+    """x with each channel (its last axis) repeated out_channels / C times: with a channel multiplier m, output
+    channel o reads input channel o // m."""
+    channels = x.shape[-1]
     if out_channels == channels:
         return x
     m = out_channels // channels
-    return lax.reshape(lax.broadcast_in_dim(x, (n, h, wd, channels, m), (0, 1, 2, 3)), (n, h, wd, out_channels))
+    return lax.reshape(lax.broadcast_in_dim(x, (*x.shape, m), tuple(range(x.ndim))), (*x.shape[:-1], out_channels))
 
 
 def accumulating(x: Any) -> Any:
-    """x in the dtype sums accumulate in: bf16/f16 accumulate in f32, as XLA's conv kernels do."""
+    """x in the dtype sums accumulate in: bf16/f16 accumulate in f32, as XLA's conv kernels do; integers in their own
+    type, as XLA's do."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return x
     return x.astype(jnp.promote_types(x.dtype, jnp.float32))
 
 
-def spatially_padded(x: Any, pads: tuple[int, int, int, int]) -> Any:
-    pt, pb, pl, pr = pads
-    return lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), (pt, pb, 0), (pl, pr, 0), (0, 0, 0)])
+def conv_input(a: "ConvAttrs", x: Any) -> Any:
+    """x as the convolution's window sees it: lhs-dilated (zeros between neighbours) and padded along the spatial
+    axes, in one lax.pad (negative padding crops)."""
+    spatial = [(lo, hi, d - 1) for lo, hi, d in zip(a.pad_low, a.pad_high, a.lhs_dilation, strict=True)]
+    return lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), *spatial, (0, 0, 0)])
 
 
-def shifted_conv(attrs: tuple, x: Any, w: Any) -> Any:
-    """A depthwise convolution (one input channel per group) as a sum of shifted, strided slices of the padded
-    input times weight rows: XLA fuses it into one loop, where XLA:CPU's depthwise kernel runs far below roofline."""
-    kh, kw, _, out_channels = w.shape
+def window_taps(
+    x: Any, window: Shape, strides: Shape, dilation: Shape | None = None, out: Shape | None = None
+) -> Iterator[tuple[tuple[int, ...], Any]]:
+    """Each offset of a window sliding over every axis of x (already padded), with the strided slice of x it reads at
+    every window position: out[p] of the result at offset k is x[p * stride + k * dilation]. `out`: how many
+    positions per axis (default: as many as fit)."""
+    dilation = dilation or (1,) * x.ndim
+    if out is None:
+        out = tuple(
+            (n - d * (k - 1) - 1) // s + 1 for n, k, s, d in zip(x.shape, window, strides, dilation, strict=True)
+        )
+    for offset in np.ndindex(*window):
+        start = tuple(int(k) * d for k, d in zip(offset, dilation, strict=True))
+        limit = tuple(b + s * (n - 1) + 1 for b, s, n in zip(start, strides, out, strict=True))
+        yield tuple(int(k) for k in offset), lax.slice(x, start, limit, strides)
+
+
+def _conv_taps(a: "ConvAttrs", x: Any, kernel: Shape) -> Iterator[tuple[tuple[int, ...], Any]]:
+    """The kernel's spatial offsets, each with the slice of the conv's input it multiplies: [n, out..., channels]."""
+    for offset, tap in window_taps(conv_input(a, x), (1, *kernel, 1), (1, *a.strides, 1), (1, *a.rhs_dilation, 1)):
+        yield offset[1:-1], tap
+
+
+def shifted_conv(a: "ConvAttrs", x: Any, w: Any) -> Any:
+    """A depthwise convolution (one input channel per group) of any rank as a sum of shifted, strided slices of the
+    padded input times weight rows: XLA fuses it into one loop, where XLA:CPU's depthwise kernel runs one to three
+    orders of magnitude below roofline (DESIGN.md §2b, §2c)."""
+    *kernel, _, out_channels = w.shape
     xa = accumulating(repeated_channels(x, out_channels))
     total = None
-    for (i, j), tap in conv_taps(attrs, xa, kh, kw):
-        tap = tap * w[i, j, 0].astype(xa.dtype)
+    for offset, tap in _conv_taps(a, xa, kernel):
+        tap = tap * w[(*offset, 0)].astype(xa.dtype)
         total = tap if total is None else total + tap
     return total.astype(x.dtype)
 
 
-def conv_taps(attrs: tuple, x: Any, kh: int, kw: int) -> list[tuple[tuple[int, int], Any]]:
-    """The kernel offsets (i, j) of an NHWC conv with these attributes, each with the strided slice of the padded
-    input it multiplies: [n, ho, wo, channels]."""
-    sh, sw, pt, pb, pl, pr, dh, dw, _groups = attrs
-    xp = spatially_padded(x, (pt, pb, pl, pr))
-    ho = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
-    wo = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
-    taps = []
-    for i in range(kh):
-        for j in range(kw):
-            limit = (x.shape[0], i * dh + sh * (ho - 1) + 1, j * dw + sw * (wo - 1) + 1, x.shape[3])
-            taps.append(((i, j), lax.slice(xp, (0, i * dh, j * dw, 0), limit, (1, sh, sw, 1))))
-    return taps
+def patch_conv(a: "ConvAttrs", x: Any, w: Any) -> Any:
+    """A grouped convolution (several input channels per group) of any rank as the kernel's shifted, strided slices
+    of the padded input stacked and one contraction batched over the groups; XLA:CPU's grouped conv kernel is
+    sometimes slower."""
+    groups = a.feature_groups
+    *kernel, per_group, out_channels = w.shape
+    taps = [tap for _, tap in _conv_taps(a, x, kernel)]
+    n, *out, _ = taps[0].shape
+    r, k = len(out), prod(kernel)
+    patches = lax.reshape(jnp.stack(taps, axis=r + 1), (n, *out, k, groups, per_group))
+    weights = lax.reshape(w, (k, per_group, groups, out_channels // groups))
+    dtype = jnp.result_type(x.dtype, w.dtype)
+    acc = jnp.promote_types(dtype, jnp.float32)  # bf16/f16 accumulate in f32 as the conv kernel does, f64 in f64
+    # contract taps and channels, batched over groups: [groups, n, out..., out_channels / groups]
+    y = lax.dot_general(patches, weights, (((r + 1, r + 3), (0, 1)), ((r + 2,), (2,))), preferred_element_type=acc)
+    y = lax.transpose(y, (1, *range(2, r + 2), 0, r + 2))
+    return lax.reshape(y, (n, *out, out_channels)).astype(dtype)
 
 
-def shifted_conv_bg(attrs: tuple, x: Any, w: Any) -> Any:
-    """A ConvBG with one batch row per group, the weight gradient of a depthwise conv, as one fused
-    multiply-reduction per output position. In canonical terms x is (C, H, W, N) (the forward input, batch and
-    channels swapped) and w (kh', kw', N, O) (the output cotangent); out[0, i, j, o] = sum over n, h, v of
-    xpad[n, i*sh + h*dh, j*sw + v*dw, o // m] * g[n, h, v, o], m = O / C. XLA:CPU's batch-grouped kernel is as slow
-    as its depthwise one."""
-    sh, sw, pt, pb, pl, pr, dh, dw, _groups = attrs
-    kh, kw, n, out_channels = w.shape
-    nhwc = lax.transpose(x, (3, 1, 2, 0))
-    xp = spatially_padded(accumulating(repeated_channels(nhwc, out_channels)), (pt, pb, pl, pr))
-    g = lax.transpose(w, (2, 0, 1, 3)).astype(xp.dtype)  # (N, kh', kw', O)
-    ho = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
-    wo = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
-    rows = []
-    for i in range(ho):
-        for j in range(wo):
-            start = (0, i * sh, j * sw, 0)
-            limit = (n, i * sh + dh * (kh - 1) + 1, j * sw + dw * (kw - 1) + 1, out_channels)
-            rows.append(lax.reduce_sum(lax.slice(xp, start, limit, (1, dh, dw, 1)) * g, (0, 1, 2)))
-    return lax.reshape(jnp.stack(rows), (1, ho, wo, out_channels)).astype(x.dtype)
+def shifted_conv_bg(a: "ConvAttrs", x: Any, w: Any) -> Any:
+    """A conv with one batch row per batch group (the weight gradient of a depthwise conv), of any rank, as one fused
+    multiply-reduction per output position. x is the forward input with batch and channels swapped, (C, S..., N),
+    and w the output cotangent as a kernel, (K..., N, O); out[0, p, o] = sum over n, k of
+    xpad[n, p * stride + k * dilation, o // m] * g[n, k, o], m = O / C. XLA:CPU's batch-grouped kernel is as slow as
+    its depthwise one."""
+    *kernel, _, out_channels = w.shape
+    rank = x.ndim
+    forward = lax.transpose(x, (rank - 1, *range(1, rank - 1), 0))  # (N, S..., C)
+    xp = conv_input(a, accumulating(repeated_channels(forward, out_channels)))
+    g = lax.transpose(w, (rank - 2, *range(rank - 2), rank - 1)).astype(xp.dtype)  # (N, K..., O)
+    out = tuple(
+        (n - d * (k - 1) - 1) // s + 1
+        for n, k, s, d in zip(xp.shape[1:-1], kernel, a.strides, a.rhs_dilation, strict=True)
+    )
+    # the output positions are the offsets of a window of the output's size, dilated by the stride, whose slices step
+    # by the forward dilation over the kernel's extent
+    positions = window_taps(
+        xp, (1, *out, 1), (1, *a.rhs_dilation, 1), (1, *a.strides, 1), (xp.shape[0], *kernel, xp.shape[-1])
+    )
+    rows = [lax.reduce_sum(tap * g, tuple(range(rank - 1))) for _, tap in positions]
+    return lax.reshape(jnp.stack(rows), (1, *out, out_channels)).astype(x.dtype)
 
 
 def take_rows(_attrs: tuple, table: Any, ids: Any) -> Any:
@@ -117,39 +182,17 @@ def pool_init(fn: str, dtype: Any) -> Any:
 
 
 def sliced_pool(fn: str) -> Callable[..., Any]:
-    """The same window reduction as a max / sum over one strided slice of the padded input per window offset:
-    XLA fuses it into one loop, where XLA:CPU's reduce_window runs 2-5x slower (DESIGN.md §2b)."""
+    """The same window reduction, of any rank, as a max / sum over one strided slice of the padded input per window
+    offset: XLA fuses it into one loop, where XLA:CPU's reduce_window runs 2-5x slower (DESIGN.md §2b)."""
 
-    def lower(attrs: tuple, x: Any) -> Any:
-        window, strides, low, high = (tuple(a) for a in attrs)
-        xp = lax.pad(x, pool_init(fn, x.dtype), [(lo, hi, 0) for lo, hi in zip(low, high, strict=True)])
-        out = tuple((size - k) // s + 1 for size, k, s in zip(xp.shape, window, strides, strict=True))
+    def lower(a: "PoolAttrs", x: Any) -> Any:
+        xp = lax.pad(x, pool_init(fn, x.dtype), [(lo, hi, 0) for lo, hi in zip(a.pad_low, a.pad_high, strict=True)])
         total = None
-        for offset in np.ndindex(*window):
-            limit = tuple(o + s * (n - 1) + 1 for o, s, n in zip(offset, strides, out, strict=True))
-            tap = lax.slice(xp, tuple(int(o) for o in offset), limit, strides)
+        for _, tap in window_taps(xp, a.window, a.strides):
             total = tap if total is None else (lax.max(total, tap) if fn == "max" else lax.add(total, tap))
         return total
 
     return lower
-
-
-def patch_conv(attrs: tuple, x: Any, w: Any) -> Any:
-    """A grouped convolution (several input channels per group) as the kh*kw shifted, strided slices of the padded
-    input stacked and one contraction batched over the groups; XLA:CPU's grouped conv kernel is sometimes slower."""
-    groups = attrs[8]
-    kh, kw, cg, out_channels = w.shape
-    taps = [tap for _, tap in conv_taps(attrs, x, kh, kw)]
-    n, ho, wo, _ = taps[0].shape
-    og = out_channels // groups
-    patches = lax.reshape(jnp.stack(taps, axis=3), (n, ho, wo, kh * kw, groups, cg))
-    kernel = lax.reshape(w, (kh * kw, cg, groups, og))
-    # contract taps and channels, batched over groups: [g, n, ho, wo, og]
-    dtype = jnp.result_type(x.dtype, w.dtype)
-    acc = jnp.promote_types(dtype, jnp.float32)  # bf16/f16 accumulate in f32 as the conv kernel does, f64 in f64
-    y = lax.dot_general(patches, kernel, (((3, 5), (0, 1)), ((4,), (2,))), preferred_element_type=acc)
-    y = lax.transpose(y, (1, 2, 3, 0, 4))
-    return lax.reshape(y, (n, ho, wo, out_channels)).astype(dtype)
 
 
 def broadcast_batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:

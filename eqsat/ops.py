@@ -7,13 +7,12 @@ their parameters become its attributes), and which attributes `rules check` may 
 prelude, the cost model, lowering and `rules check` all read this table; a new op is one entry.
 """
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache, partial
+from functools import lru_cache
 from math import prod
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -101,12 +100,25 @@ class OpSpec:
     # (attrs, input shapes) -> what siblings reading the same first input must share for a merge rule to join
     # them (their place among those siblings goes to egglog: see encode.prelude); None: not mergeable
     merge_key: Callable[[tuple, list[Shape | None]], tuple | None] | None = None
+    # the attributes' names: a NamedTuple of them, which lowering receives, and egglog and JSON attributes are read
+    # back as (None: the attributes are a plain tuple)
+    attributes: type[tuple] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_class", CostClass(self.cost_class))
         unknown = [sort for sort in self.attrs if sort not in SORTS]
         if unknown:
             raise ValueError(f"op {self.name}: attribute sort(s) {unknown} unknown; the sorts are {sorted(SORTS)}")
+        fields = getattr(self.attributes, "_fields", None)
+        if self.attributes is not None and (fields is None or len(fields) != len(self.attrs)):
+            raise ValueError(f"op {self.name}: its attributes' NamedTuple must name its {len(self.attrs)} attributes")
+        if self.attributes is not None and self.lower is not None:
+            lower, named = self.lower, self.attributes
+            object.__setattr__(self, "lower", lambda attrs, *inputs: lower(named(*attrs), *inputs))
+
+    def named(self, attrs: tuple | list) -> tuple:
+        """attrs as this op's NamedTuple of them (a plain tuple where it has none)."""
+        return tuple(attrs) if self.attributes is None else self.attributes(*attrs)
 
     def sorts(self, attrs: tuple | list) -> list[Sort]:
         if len(attrs) != len(self.attrs):
@@ -115,7 +127,7 @@ class OpSpec:
 
     def attrs_from_egraph(self, values: tuple) -> tuple:
         """Attributes read back from a serialized e-graph (once per e-node, so without the checks of `value`)."""
-        return tuple(sort.python(v) for sort, v in zip(self.sorts(values), values, strict=True))
+        return self.named([sort.python(v) for sort, v in zip(self.sorts(values), values, strict=True)])
 
     def attrs_to_egglog(self, attrs: tuple) -> list[str]:
         return [sort.to_egglog(sort.value(a)) for sort, a in zip(self.sorts(attrs), attrs, strict=True)]
@@ -124,7 +136,7 @@ class OpSpec:
         return [sort.to_json(sort.value(a)) for sort, a in zip(self.sorts(attrs), attrs, strict=True)]
 
     def attrs_from_json(self, values: list[Any]) -> tuple:
-        return tuple(sort.from_json(v) for sort, v in zip(self.sorts(values), values, strict=True))
+        return self.named([sort.from_json(v) for sort, v in zip(self.sorts(values), values, strict=True)])
 
     @property
     def structural(self) -> bool:
@@ -196,28 +208,27 @@ def _batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
     return lax.dot_general(a, b, (((a.ndim - 1,), (a.ndim - 2,)), (batch, batch)))
 
 
-CONV_DIMS = ("NHWC", "HWIO", "NHWC")
+class ConvAttrs(NamedTuple):
+    """A convolution's attributes, of any rank (a tuple has one entry per spatial axis): lax.conv_general_dilated's
+    parameters, its operands in the table's layout (backends/kernels.conv_dimension_numbers: x (batch, spatial...,
+    features), w (spatial..., in, out), the output as x)."""
+
+    strides: Shape
+    pad_low: Shape  # negative crops
+    pad_high: Shape
+    lhs_dilation: Shape  # zeros between the input's neighbours: transposed convs, strided convs' input gradients
+    rhs_dilation: Shape  # the kernel's (atrous convs)
+    feature_groups: int
+    batch_groups: int  # weight gradients of grouped convs; at most one of the two counts is above 1
 
 
-def _conv(attrs: tuple, x: Any, w: Any, group_param: str = "feature_group_count") -> Any:
-    """Conv, or with group_param="batch_group_count" ConvBG (a grouped conv's weight gradient: batch group g of x
-    feeds output group g)."""
-    sh, sw, pt, pb, pl, pr, dh, dw, groups = attrs
-    return lax.conv_general_dilated(
-        x,
-        w,
-        (sh, sw),
-        ((pt, pb), (pl, pr)),
-        rhs_dilation=(dh, dw),
-        dimension_numbers=CONV_DIMS,
-        **{group_param: groups},
-    )
+class PoolAttrs(NamedTuple):
+    """A window reduction's attributes, one entry per axis of its input (1 on the batch and channel axes)."""
 
-
-def _dilate(attrs: tuple, x: Any) -> Any:
-    """NHWC x with (dh - 1, dw - 1) zeros between neighbouring rows and columns: a conv's lhs_dilation."""
-    dh, dw = attrs
-    return lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), (0, 0, dh - 1), (0, 0, dw - 1), (0, 0, 0)])
+    window: Shape
+    strides: Shape
+    pad_low: Shape
+    pad_high: Shape
 
 
 def _one_hot(attrs: tuple, ids: Any) -> Any:
@@ -241,28 +252,30 @@ def _batch_dot_shape_rules(name: str) -> tuple[str, ...]:
     )
 
 
-def _window_room(size: str, pad_a: str, pad_b: str, kernel: str, dilation: str) -> str:
-    """egglog text of size + pads - (dilation*(kernel-1) + 1): how far the window can slide, >= 0 when it fits."""
-    return f"(- (+ {size} (+ {pad_a} {pad_b})) (+ (* {dilation} (- {kernel} 1)) 1))"
-
-
-_FEATURE_GROUPS = ("(= (vec-get sa 3) (* k8 (vec-get sb 2)))", "(vec-get sa 0)")
-# batch groups: x's batch splits into k8 groups (one row each for the shifted form), features are not grouped
-_BATCH_GROUPS = ("(= (vec-get sa 3) (vec-get sb 2)) (= 0 (% (vec-get sa 0) k8))", "(/ (vec-get sa 0) k8)")
-_BATCH_ROWS = ("(= (vec-get sa 3) (vec-get sb 2)) (= (vec-get sa 0) k8)", "1")
-
-
-def _conv_shape_rules(name: str, groups: tuple[str, str] = _FEATURE_GROUPS) -> tuple[str, ...]:
-    """NHWC x HWIO window arithmetic, for Conv, ConvBG and their alternative implementations; `groups` is the
-    grouping's guard and the output batch size."""
-    guard, batch = groups
+def _conv_shape_rules(name: str) -> tuple[str, ...]:
+    """A convolution's window arithmetic for any rank, built axis by axis: the batch (divided by the batch groups),
+    each spatial axis j (input size n, kernel size k) of size (dilated n + pads - dilated k) / stride + 1 where the
+    window fits, then the kernel's output features; the groups divide what they must."""
+    head = f"(= e ({name} st lo hi ld rd fg bg a b)) (= sa (shape a)) (= sb (shape b)) (= n (vec-length sa))"
+    whole = (
+        "(= n (vec-length sb)) (>= n 3) (= d (- n 2)) (= (vec-length st) d) (= (vec-length lo) d)"
+        " (= (vec-length hi) d) (= (vec-length ld) d) (= (vec-length rd) d) (> fg 0) (> bg 0) (= 1 (min fg bg))"
+        " (= (vec-get sa (+ d 1)) (* fg (vec-get sb d))) (= 0 (% (vec-get sb (+ d 1)) (* fg bg)))"
+        " (= 0 (% (vec-get sa 0) bg))"
+    )
+    room = (
+        "(- (+ (+ (* (- (vec-get sa i) 1) (vec-get ld j)) 1) (+ (vec-get lo j) (vec-get hi j)))"
+        " (+ (* (vec-get rd j) (- (vec-get sb j) 1)) 1))"
+    )
+    spatial = (
+        "(= j (- i 1)) (= s (vec-get st j)) (> s 0) (> (vec-get ld j) 0) (> (vec-get rd j) 0) (> (vec-get sa i) 0)"
+        f" (= r {room}) (>= r 0)"
+    )
     return (
-        f"(rule ((= e ({name} k0 k1 k2 k3 k4 k5 k6 k7 k8 a b)) (= sa (shape a)) (= sb (shape b))"
-        f" (= (vec-length sa) 4) (= (vec-length sb) 4) (> k8 0) {guard}"
-        " (= 0 (% (vec-get sb 3) k8))"
-        f" (= rh {_window_room('(vec-get sa 1)', 'k2', 'k3', '(vec-get sb 0)', 'k6')}) (>= rh 0)"
-        f" (= rw {_window_room('(vec-get sa 2)', 'k4', 'k5', '(vec-get sb 1)', 'k7')}) (>= rw 0))"
-        f" ((set (shape e) (vec-of {batch} (+ (/ rh k0) 1) (+ (/ rw k1) 1) (vec-get sb 3)))))",
+        f"(rule ({head} {whole}) ((set (axes-built e 1) (vec-of (/ (vec-get sa 0) bg)))))",
+        f"(rule ({head} (= v (axes-built e i)) (>= i 1) (< i (- n 1)) {spatial})"
+        " ((set (axes-built e (+ i 1)) (vec-push v (+ (/ r s) 1)))))",
+        f"(rule ({head} (= m (- n 1)) (= v (axes-built e m))) ((set (shape e) (vec-push v (vec-get sb m)))))",
     )
 
 
@@ -270,11 +283,10 @@ def _pool(fn: str) -> Callable[..., Any]:
     """reduce_window of lax.max / lax.add over (window, strides, pad_low, pad_high): what jax binds as the
     reduce_window_max / reduce_window_sum primitives (flax, keras, haiku and equinox pools)."""
 
-    def lower(attrs: tuple, x: Any) -> Any:
-        window, strides, low, high = (tuple(a) for a in attrs)
+    def lower(a: PoolAttrs, x: Any) -> Any:
         reducer = lax.max if fn == "max" else lax.add
-        padding = tuple(zip(low, high, strict=True))
-        return lax.reduce_window(x, kernels.pool_init(fn, x.dtype), reducer, window, strides, padding)
+        padding = tuple(zip(a.pad_low, a.pad_high, strict=True))
+        return lax.reduce_window(x, kernels.pool_init(fn, x.dtype), reducer, a.window, a.strides, padding)
 
     return lower
 
@@ -314,15 +326,17 @@ def _axis_by_axis(pattern: str, whole: str, guard: str, dim: str) -> tuple[str, 
 
 
 def _conv_merge_key(attrs: tuple, _shapes: list[Shape | None]) -> tuple | None:
-    return (*attrs[:2], *attrs[6:8]) if attrs[8] == 1 else None  # stride and dilation; ungrouped
+    """Ungrouped convs of one stride and dilation merge (padding left out: a 1x1 conv enlarges to its 3x3 sibling)."""
+    a = ConvAttrs(*attrs)
+    if a.feature_groups != 1 or a.batch_groups != 1:
+        return None
+    return a.strides, a.lhs_dilation, a.rhs_dilation
 
 
-def _conv_op(
-    name: str, lower: Callable[..., Any], groups: tuple[str, str] = _FEATURE_GROUPS, alternative: bool = False
-) -> OpSpec:
-    """An op with Conv's nine attributes and (x, w) inputs: Conv, ConvBG and their alternative implementations."""
+def _conv_op(name: str, lower: Callable[..., Any], alternative: bool = False) -> OpSpec:
+    """An op with ConvAttrs and (x, w) inputs: Conv and its alternative implementations."""
 
-    def nonempty(attrs: tuple, x: Any, w: Any) -> Any:
+    def nonempty(attrs: ConvAttrs, x: Any, w: Any) -> Any:
         out = lower(attrs, x, w)
         if 0 in out.shape:  # the shape rules' semantics: a window that fits the padded input at least once
             raise ValueError(f"{name} of {x.shape} by a {w.shape} window has an empty output")
@@ -330,13 +344,15 @@ def _conv_op(
 
     return OpSpec(
         name,
-        ("i64",) * 9,
+        ("Shape",) * 5 + ("i64",) * 2,
         2,
         "contraction",
         nonempty,
-        _conv_shape_rules(name, groups),
-        contracted=lambda shapes: prod(shapes[1][:3]),
+        _conv_shape_rules(name),
+        contracted=lambda shapes: prod(shapes[1][:-1]),
         alternative=alternative,
+        attributes=ConvAttrs,
+        merge_key=None if alternative else _conv_merge_key,
     )
 
 
@@ -415,24 +431,29 @@ OPS: dict[str, OpSpec] = {
             contracted=lambda shapes: shapes[0][-1],
             alternative=True,
         ),
-        # NHWC x HWIO convolution: (Conv stride_h stride_w pad_top pad_bottom pad_left pad_right
-        #                                dilation_h dilation_w groups x w)
-        # ungrouped convs of one stride and dilation merge (padding left out: a 1x1 conv enlarges to its 3x3 sibling)
-        dataclasses.replace(
-            _conv_op("Conv", _conv),
-            merge_key=lambda attrs, _shapes: (*attrs[:2], *attrs[6:8]) if attrs[8] == 1 else None,
-        ),
+        # A convolution of any rank, (Conv strides pad_low pad_high lhs_dilation rhs_dilation feature_groups
+        # batch_groups x w): ConvAttrs, the operands channels-last (x [N, S..., C], w [K..., C / groups, O])
+        _conv_op("Conv", kernels.conv),
         # The same attributes, a depthwise conv (one input channel per group) computed as shifted multiply-adds;
         # rules/kernels.egg puts it beside the Conv it can replace, the timing cache prices both.
         _conv_op("ShiftConv", kernels.shifted_conv, alternative=True),
         # The same attributes, a grouped conv (several input channels per group) as stacked shifted patches and one
         # contraction batched over the groups.
         _conv_op("PatchConv", kernels.patch_conv, alternative=True),
+        # A conv with one batch row per batch group (a depthwise conv's weight gradient) as shifted multiply-reductions
+        _conv_op("ShiftConvBG", kernels.shifted_conv_bg, alternative=True),
         # Pooling: (PoolMax window strides pad_low pad_high x), (PoolSum ...), any rank and layout (the window's
         # size-1 axes are the batch and channel ones); PoolMaxSliced / PoolSumSliced compute them over strided slices.
         *(
             OpSpec(
-                name, ("Shape",) * 4, 1, "window", lower, _pool_shape_rules(name), alternative=name.endswith("Sliced")
+                name,
+                ("Shape",) * 4,
+                1,
+                "window",
+                lower,
+                _pool_shape_rules(name),
+                alternative=name.endswith("Sliced"),
+                attributes=PoolAttrs,
             )
             for name, lower in (
                 ("PoolMax", _pool("max")),
@@ -440,24 +461,6 @@ OPS: dict[str, OpSpec] = {
                 ("PoolMaxSliced", kernels.sliced_pool("max")),
                 ("PoolSumSliced", kernels.sliced_pool("sum")),
             )
-        ),
-        # A batch-grouped conv, the weight gradient of a grouped one: Conv's attributes, k8 the batch_group_count
-        _conv_op("ConvBG", partial(_conv, group_param="batch_group_count"), _BATCH_GROUPS),
-        # A ConvBG with one batch row per group (a depthwise conv's weight gradient) as shifted multiply-reductions
-        _conv_op("ShiftConvBG", kernels.shifted_conv_bg, _BATCH_ROWS, alternative=True),
-        # (Dilate dh dw x): NHWC x with zeros between rows and columns, a conv's lhs_dilation (strided input gradients)
-        OpSpec(
-            "Dilate",
-            ("i64", "i64"),
-            1,
-            "elementwise",
-            _dilate,
-            (
-                "(rule ((= e (Dilate k0 k1 a)) (= sa (shape a)) (= (vec-length sa) 4) (>= k0 1) (>= k1 1)"
-                " (>= (vec-get sa 1) 1) (>= (vec-get sa 2) 1))"
-                " ((set (shape e) (vec-of (vec-get sa 0) (+ (* k0 (- (vec-get sa 1) 1)) 1)"
-                " (+ (* k1 (- (vec-get sa 2) 1)) 1) (vec-get sa 3)))))",
-            ),
         ),
         # (OneHot depth dtype ids): ids[...] -> [..., depth], 1 where the index matches; captured from jax.nn.one_hot
         OpSpec(
