@@ -202,3 +202,44 @@ def broadcast_batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
     left = lax.expand_dims(a, (n,))  # [B..., M, K, 1]
     right = lax.expand_dims(b, (n - 2,))  # [B..., 1, K, N]
     return lax.reduce_sum(lax.mul(left, right), (n - 1,))
+
+
+def _phase_axis(p: int, s: int, low: int, n: int, k: int, out: int) -> tuple[slice, tuple[int, int, int], int, int]:
+    """Phase p of an axis dilated by s: the kernel taps it reads (k0, k0 + s, ...), the padding (negative: a crop)
+    of the undilated input that a stride-1 conv with those taps needs, how many outputs it has and how many taps."""
+    first = (low - p) % s
+    base = (p - low + first) // s  # the input position its first output's first tap reads
+    count = max(0, -(-(out - p) // s))
+    length = len(range(first, k, s))
+    return slice(first, None, s), (-base, count + length - 1 - n + base, 0), count, length
+
+
+def phase_conv(a: "ConvAttrs", x: Any, w: Any) -> Any:
+    """A convolution with lhs_dilation s (a transposed conv, a strided conv's input gradient) as its s^d phases:
+    output position s*q + p reads only the kernel taps k with (p + k - pad_low) divisible by s, so each phase is a
+    stride-1 conv of the undilated input with the kernel's taps k0, k0 + s, ... (no multiplications by the
+    inserted zeros), and the phases interleave (depth to space). Strided or rhs-dilated windows run as the conv."""
+    if any(s != 1 for s in (*a.strides, *a.rhs_dilation)):
+        return conv(a, x, w)
+    d, kernel, dilation = x.ndim - 2, w.shape[:-2], a.lhs_dilation
+    spatial = tuple(zip(x.shape[1:-1], dilation, a.pad_low, a.pad_high, kernel, strict=True))
+    out = tuple((n - 1) * s + 1 + lo + hi - k + 1 for n, s, lo, hi, k in spatial)
+    longest = tuple(-(-o // s) for o, s in zip(out, dilation, strict=True))  # ceil(out / s)
+    stride_one = a._replace(lhs_dilation=(1,) * d, pad_low=(0,) * d, pad_high=(0,) * d)
+    shape = (x.shape[0] // a.batch_groups, *longest, w.shape[-1])
+    phases = []
+    for phase in np.ndindex(*dilation):
+        axes = [_phase_axis(p, s, lo, n, k, o) for p, (n, s, lo, _, k), o in zip(phase, spatial, out, strict=True)]
+        if any(count == 0 or length == 0 for _, _, count, length in axes):
+            phases.append(jnp.zeros(shape, jnp.result_type(x.dtype, w.dtype)))
+            continue
+        shifted = lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), *(pad for _, pad, _, _ in axes), (0, 0, 0)])
+        y = conv(stride_one, shifted, w[(*(taps for taps, _, _, _ in axes), slice(None), slice(None))])
+        # a phase with fewer outputs than the longest gets zeros at its end, sliced off after interleaving
+        ends = [(0, q - count, 0) for (_, _, count, _), q in zip(axes, longest, strict=True)]
+        phases.append(lax.pad(y, lax.full((), 0, y.dtype), [(0, 0, 0), *ends, (0, 0, 0)]))
+    stacked = lax.reshape(jnp.stack(phases), (*dilation, *shape))  # (s..., N, Q..., O)
+    perm = (d, *(axis for i in range(d) for axis in (d + 1 + i, i)), 2 * d + 1)  # (N, Q1, s1, Q2, s2, ..., O)
+    whole = (shape[0], *(q * s for q, s in zip(longest, dilation, strict=True)), shape[-1])
+    interleaved = lax.reshape(lax.transpose(stacked, perm), whole)
+    return lax.slice(interleaved, (0,) * (d + 2), (shape[0], *out, shape[-1]))

@@ -7,6 +7,7 @@
     python -m benches.kernels --only transposed_gemv   # x @ W.T with W a declared parameter, timed prepared
     python -m benches.kernels --only argmax   # argmax over the last axis of 64x32000 (a vocabulary's logits)
     python -m benches.kernels --only conv1d,conv3d,mamba_mixer,volumetric_cnn   # issue 26: convs of every rank
+    python -m benches.kernels --only transposed_decoder   # three stride-2 flax ConvTranspose, 64 channels to 128x128
 
 Per case: the ratio (jax.jit time / eqsat time) with its interquartile range; jax.jit's first call; eqsat's first
 call with an empty timing cache and again with the cache warm (the plans forgotten and made again, as a later
@@ -36,7 +37,7 @@ from eqsat.workload import Workload
 KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "ConvNeXtTiny")
 BARS = {"MobileNetV2": 6, "EfficientNetB0": 4, "MobileNetV3Small": 3, "NASNetMobile": 3, "ConvNeXtTiny": 1.8,
         "onehot": 100, "nasnet_a": 2, "mobilenetv2_train": 3, "maxpool": 1.5, "sumpool": 2, "grouped56": 1,
-        "grouped7": 1, "tinybatch": 4, "conv1d": 15, "conv3d": 50}  # fmt: skip
+        "grouped7": 1, "tinybatch": 4, "conv1d": 15, "conv3d": 50, "transposed_decoder": 1.3}  # fmt: skip
 # cases timed beside a hand rewrite of their slow kernels (the same run): eqsat must reach this share of its ratio
 HAND_SHARE = 2 / 3
 
@@ -176,6 +177,21 @@ def _volumetric_cnn() -> tuple[Workload, Callable[..., Any]]:
     return _flax_model("volumetric_cnn", Volumetric(), _normal(1, 16, 64, 64, 4))
 
 
+def _transposed_decoder() -> Workload:
+    """Three stride-2 4x4 flax ConvTranspose layers with ReLU, 64 channels, 2x16x16 up to 2x128x128."""
+    import flax.linen as nn
+
+    class Decoder(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for _ in range(3):
+                x = nn.relu(nn.ConvTranspose(64, (4, 4), strides=(2, 2), padding="SAME")(x))
+            return x
+
+    x = _normal(2, 16, 16, 64)
+    return Workload("transposed_decoder", Decoder().apply, (Decoder().init(jax.random.PRNGKey(0), x), x), (), "flax")
+
+
 # issue 26's cases: each with its hand rewrite, timed against jax.jit in the same run
 WITH_HAND = {
     "conv1d": lambda: _depthwise(1),
@@ -200,6 +216,7 @@ SMALL = {  # DESIGN.md §2b's single ops
     ),
     "transposed_gemv": _transposed_gemv,
     "argmax": lambda: Workload("argmax", lambda x: jnp.argmax(x, axis=-1), (_normal(64, 32000),)),
+    "transposed_decoder": _transposed_decoder,
 }
 
 

@@ -442,6 +442,9 @@ OPS: dict[str, OpSpec] = {
         _conv_op("PatchConv", kernels.patch_conv, alternative=True),
         # A conv with one batch row per batch group (a depthwise conv's weight gradient) as shifted multiply-reductions
         _conv_op("ShiftConvBG", kernels.shifted_conv_bg, alternative=True),
+        # A conv with lhs_dilation s (transposed convs, strided convs' input gradients) as s^d stride-1 convs of the
+        # undilated input with the kernel's phases, interleaved
+        _conv_op("PhaseConv", kernels.phase_conv, alternative=True),
         # Pooling: (PoolMax window strides pad_low pad_high x), (PoolSum ...), any rank and layout (the window's
         # size-1 axes are the batch and channel ones); PoolMaxSliced / PoolSumSliced compute them over strided slices.
         *(

@@ -20,7 +20,7 @@ from eqsat.saturate import Limits, saturate
 
 RNG = np.random.default_rng(26)
 LAYOUTS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
-CONVS = ("Conv", "ShiftConv", "PatchConv", "ShiftConvBG")
+CONVS = ("Conv", "ShiftConv", "PatchConv", "ShiftConvBG", "PhaseConv")
 
 
 def normal(*shape: int) -> jax.Array:
@@ -69,9 +69,11 @@ def test_a_conv_of_any_rank_is_one_conv_and_its_alternatives_agree(name: str):
     attrs = ConvAttrs(*node.attrs)
     assert infer("Conv", attrs, tuple((v.shape, "float32") for v in xs)) == (node.shape, "float32")
     want = OPS["Conv"].lower(attrs, *xs)
-    alternative = "ShiftConv" if xs[1].shape[-2] == 1 else "PatchConv"
+    alternatives = ["PhaseConv"] if attrs.lhs_dilation[0] > 1 else []
     if attrs.feature_groups > 1:
-        np.testing.assert_allclose(OPS[alternative].lower(attrs, *xs), want, rtol=1e-5, atol=1e-5)
+        alternatives.append("ShiftConv" if xs[1].shape[-2] == 1 else "PatchConv")
+    for op in alternatives:
+        np.testing.assert_allclose(OPS[op].lower(attrs, *xs), want, rtol=1e-5, atol=1e-5, err_msg=op)
 
 
 def test_egglog_shapes_of_convs_and_pools_of_every_rank_agree_with_jax():
@@ -82,7 +84,8 @@ def test_egglog_shapes_of_convs_and_pools_of_every_rank_agree_with_jax():
         b = conv(x3, w3, (1, 2, 1), "SAME", 2, rhs_dilation=(2, 1, 1))
         c = lax.reduce_window(x3, -jnp.inf, lax.max, (1, 2, 3, 2, 1), (1, 2, 2, 1, 1), "SAME")
         d = lax.reduce_window(x1, 0.0, lax.add, (1, 3, 1), (1, 2, 1), "VALID")
-        return a, b, c, d, jax.grad(lambda w: jnp.sum(conv(x1, w, (2,), "SAME", 6) ** 2))(w1)
+        e = lax.conv_transpose(x3, jnp.tile(w3, (1, 1, 1, 2, 1)), (2, 1, 2), "SAME", dimension_numbers=LAYOUTS[3])
+        return a, b, c, d, e, jax.grad(lambda w: jnp.sum(conv(x1, w, (2,), "SAME", 6) ** 2))(w1)
 
     graph = capture(jax.make_jaxpr(f)(x1, w1, x3, w3))
     snapshot = saturate(graph, collect(), Limits(iterations=4, nodes=4000, seconds=20.0))
@@ -117,8 +120,9 @@ def test_value_and_grad_of_1d_and_3d_depthwise_nets_get_the_shifted_kernels(deci
     plan = fast.plan(*args)
     assert plan.fallback is None
     kernels = sorted(n.op for n in plan.nodes if n.op in CONVS)
-    # two forward convs and their input gradients shifted, both weight gradients shifted: no XLA conv left
-    assert kernels == ["ShiftConv"] * 4 + ["ShiftConvBG"] * 2, kernels
+    # two forward convs and their input gradients shifted (the strided one's may take its phases), both weight
+    # gradients shifted: no XLA conv left
+    assert kernels in (["ShiftConv"] * 4 + ["ShiftConvBG"] * 2, ["PhaseConv"] + ["ShiftConv"] * 3 + ["ShiftConvBG"] * 2)
     assert "PoolSumSliced" in {n.op for n in plan.nodes}
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
         np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-4 * float(jnp.max(jnp.abs(a))))
@@ -139,3 +143,39 @@ def test_a_conv_the_table_cannot_model_stays_opaque(params: dict):
     assert not _conv_nodes(graph)
     assert [graph.opaque[n.attrs[0]].primitive.name for n in graph.nodes if n.op == "Op"] == ["conv_general_dilated"]
     np.testing.assert_allclose(eqsat.optimize(f)(x, w), jax.jit(f)(x, w), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+@pytest.mark.parametrize("stride", [2, 3])
+def test_the_phases_of_a_transposed_conv_compute_it(rank: int, stride: int):
+    # every kernel size against the stride, and padding that pads, crops or both: phases with no tap or no output
+    n = 5 if rank < 3 else 3
+    for k in range(1, 5):
+        for low, high in ((0, 0), (k - 1, k - 1), (1, 2), (-1, 0), (2, -1)):
+            x, w = normal(2, *(n,) * rank, 4), normal(*(k,) * rank, 2, 6)
+            attrs = ConvAttrs((1,) * rank, (low,) * rank, (high,) * rank, (stride,) * rank, (1,) * rank, 2, 1)
+            shape = infer("Conv", attrs, ((x.shape, "float32"), (w.shape, "float32")))
+            if shape is None:  # the window does not fit
+                continue
+            got, want = OPS["PhaseConv"].lower(attrs, x, w), OPS["Conv"].lower(attrs, x, w)
+            assert got.shape == want.shape == shape[0]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=f"{k} {low} {high}")
+
+
+def test_a_flax_conv_transpose_decoder_gets_the_phase_form(decide_timings):
+    nn = pytest.importorskip("flax.linen")
+
+    class Decoder(nn.Module):
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            for channels in (16, 8):
+                x = nn.relu(nn.ConvTranspose(channels, (4, 4), strides=(2, 2), padding="SAME")(x))
+            return x
+
+    x = normal(2, 8, 8, 16)
+    params = Decoder().init(jax.random.PRNGKey(0), x)
+    eqsat.optimize(Decoder().apply).plan(params, x)
+    decide_timings(alternatives_win=True)
+    fast = eqsat.optimize(lambda p, x: Decoder().apply(p, x))
+    np.testing.assert_allclose(fast(params, x), jax.jit(Decoder().apply)(params, x), rtol=1e-5, atol=1e-5)
+    assert [n.op for n in fast.plan(params, x).nodes if n.op in CONVS] == ["PhaseConv"] * 2

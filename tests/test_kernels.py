@@ -93,19 +93,24 @@ def test_value_and_grad_of_a_depthwise_net_gets_shifted_backward_convs(decide_ti
     step = jax.value_and_grad(loss, argnums=(0, 1, 2))
     limits = eqsat.Limits(seconds=300, measure_seconds=300)  # a loaded machine must not cut saturation short
     measured = eqsat.optimize(step, limits=limits).plan(x, w1, w2)
-    # the two forward convs, both input gradients (the strided one's lhs-dilated) and both weight gradients
-    # have their shifted rival, and each was timed
+    # the two forward convs, both input gradients (the strided one's lhs-dilated, with its phases too) and both
+    # weight gradients have their shifted rival, and each was timed
     assert measured.rules_fired["depthwise-shifted"] >= 4 and measured.rules_fired["depthwise-grad-shifted"] >= 2
-    assert measured.stats["timing_measured"] == 10  # 12 nodes; two pairs share shapes and attributes
+    assert measured.rules_fired["transposed-phases"] >= 1
+    assert measured.stats["timing_measured"] == 11  # 13 nodes; two pairs share shapes and attributes
     # which rival wins is the timing cache's call, and a loaded machine moves it (the speed-up is a benchmark's
     # claim: benches/kernels.py). Here the cache says every shifted form wins, and the plan must take all six
-    assert decide_timings(alternatives_win=True) == {"ShiftConv", "ShiftConvBG", "Conv"}
+    assert decide_timings(alternatives_win=True) == {"ShiftConv", "ShiftConvBG", "PhaseConv", "Conv"}
     fast = eqsat.optimize(lambda *args: step(*args), limits=limits)
     got, want = fast(x, w1, w2), jax.jit(step)(x, w1, w2)
     plan = fast.plan(x, w1, w2)
     assert plan.fallback is None and plan.stats["timing_measured"] == 0 and plan.stop_reason != "seconds"
-    kernels = [node for node in plan.nodes if node.op in ("Conv", "ShiftConv", "ShiftConvBG")]
-    assert sorted(node.op for node in kernels) == ["ShiftConv"] * 4 + ["ShiftConvBG"] * 2, kernels
+    kernels = [node for node in plan.nodes if node.op in ("Conv", "ShiftConv", "ShiftConvBG", "PhaseConv")]
+    # the strided conv's input gradient takes its shifted or its phase form: both priced alike here
+    assert (
+        sorted(node.op for node in kernels if node.op != "PhaseConv")
+        == ["ShiftConv"] * (4 - sum(node.op == "PhaseConv" for node in kernels)) + ["ShiftConvBG"] * 2
+    ), kernels
     assert any(ConvAttrs(*node.attrs).lhs_dilation == (2, 2) for node in kernels)
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4 * float(jnp.max(jnp.abs(a))))
