@@ -133,6 +133,23 @@ def _gen_conv_grad(draw: DrawFn, prog: Program, wrt: str, depthwise: bool) -> in
     return prog.apply(f"weight_grad_{label}", lambda v, g: transposed(lambda k: conv(v, k), kernel, g), x, g)
 
 
+def _gen_transposed(draw: DrawFn, prog: Program) -> int:
+    """lax.conv_transpose of 1-3 spatial axes, stride 2 or 3, VALID or SAME: an lhs-dilated conv, what kernel
+    selection computes as its phases."""
+    x = _conv_input(draw, prog, 1)
+    _, *spatial, channels = prog.shapes[x]
+    strides = tuple(draw(st.integers(2, 3)) for _ in spatial)
+    kernel = (*(draw(st.integers(1, 4)) for _ in spatial), channels, draw(st.integers(1, 3)))
+    padding = draw(st.sampled_from(["VALID", "SAME"]))
+    dims = LAYOUTS[len(spatial)]
+    return prog.apply(
+        f"conv_transpose[strides={strides} {padding}]",
+        lambda v, k: lax.conv_transpose(v, k, strides, padding, dimension_numbers=dims),
+        x,
+        prog.pick(draw, lambda s: s == kernel, kernel),
+    )
+
+
 def _gen_one_hot(draw: DrawFn, prog: Program, use: str) -> int:
     """one_hot of integer ids (from a float input, negative and out-of-range ones included), alone (use="") or
     times a table ("table": the embedding that kernel selection turns into a gather) or contracted over the ids'
@@ -220,6 +237,7 @@ CONV: dict[str, Callable[[DrawFn, Program], int]] = {
     "conv-input-grad": lambda draw, prog: _gen_conv_grad(draw, prog, "x", depthwise=draw(st.booleans())),
     "conv-weight-grad": lambda draw, prog: _gen_conv_grad(draw, prog, "w", depthwise=False),
     "ShiftConvBG": lambda draw, prog: _gen_conv_grad(draw, prog, "w", depthwise=True),
+    "PhaseConv": _gen_transposed,
     "OneHot": lambda draw, prog: _gen_one_hot(draw, prog, ""),
     "Take": lambda draw, prog: _gen_one_hot(draw, prog, "table"),
     "ScatterRows": lambda draw, prog: _gen_one_hot(draw, prog, "gradient"),
