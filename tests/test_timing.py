@@ -15,6 +15,7 @@ import eqsat
 from eqsat.__main__ import main
 from eqsat.extract import timing
 from eqsat.extract.cost import Profile, load_profile, node_cost, node_key
+from eqsat.ops import ConvAttrs
 
 X = jnp.asarray(np.random.default_rng(0).standard_normal((2, 40, 40, 16)), jnp.float32)
 W = jnp.asarray(np.random.default_rng(1).standard_normal((3, 3, 1, 16)), jnp.float32)
@@ -31,8 +32,11 @@ def cache_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+CONV_ATTRS = ConvAttrs((1, 1), (1, 1), (1, 1), (1, 1), (1, 1), 16, 1)  # 3x3 same, depthwise
+
+
 def _keys(op: str) -> str:
-    return node_key(op, (1, 1, 1, 1, 1, 1, 1, 1, 16), [X.shape, W.shape], "float32")
+    return node_key(op, CONV_ATTRS, [X.shape, W.shape], "float32")
 
 
 def test_kernel_choices_are_measured_once_and_kept(cache_dir):
@@ -240,8 +244,8 @@ def test_a_new_shape_is_priced_from_the_nearest_measured_one(cache_dir, shifted,
     cache = timing.cache_for("gpu:transfer")
     bare = load_profile("cpu")
     roofline = {b: node_cost("Conv", [(b, 40, 40, 16), W.shape], (b, 40, 40, 16), "float32", bare,
-                             (1, 1, 1, 1, 1, 1, 1, 1, 16)).seconds for b in (2, 3)}  # fmt: skip
-    conv_at_3 = node_key("Conv", (1, 1, 1, 1, 1, 1, 1, 1, 16), [x3.shape, W.shape], "float32")
+                             CONV_ATTRS).seconds for b in (2, 3)}  # fmt: skip
+    conv_at_3 = node_key("Conv", CONV_ATTRS, [x3.shape, W.shape], "float32")
     assert cache.transfers[conv_at_3] == pytest.approx(1e-3 * roofline[3] / roofline[2])
     assert conv_at_3 not in cache.entries
 
@@ -270,7 +274,7 @@ def test_a_close_choice_is_measured_at_the_new_shape(cache_dir):
 def test_a_kernel_too_fast_to_measure_passes_that_on_to_smaller_shapes_only(cache_dir):
     cache = timing.cache_for("cpu:cpu")
     cache.entries[_keys("Conv")] = None  # measured at batch 2 as faster than a few calls' overhead
-    attrs = (1, 1, 1, 1, 1, 1, 1, 1, 16)
+    attrs = CONV_ATTRS
 
     def wanted(batch: int) -> timing.Wanted:
         shapes = ((batch, 40, 40, 16), W.shape)
