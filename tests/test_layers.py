@@ -18,7 +18,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "eqsat", "eqsat.background", "eqsat.errors", "eqsat.graph_walk", "eqsat.guard", "eqsat.ir", "eqsat.lru",
         "eqsat.measure", "eqsat.ops", "eqsat.progress", "eqsat.sample", "eqsat.tolerance", "eqsat.workload",
     }),
-    ("capture", {"eqsat.capture", "eqsat.encode"}),
+    ("capture", {"eqsat.capture", "eqsat.encode", "eqsat.rows"}),
     ("e-graph", {"eqsat.chains", "eqsat.rule_sources", "eqsat.saturate", "eqsat.egraph_check"}),
     ("extraction", {
         "eqsat.extract", "eqsat.extract.cost", "eqsat.extract.dag", "eqsat.extract.extractors",
