@@ -172,9 +172,12 @@ class Bucketed:
         tops = [*enumerate(dynamic[0]), *sorted(dynamic[1].items())]  # in the order jax flattens them
         marks = [place in where for place, value in tops for _ in jax.tree_util.tree_leaves(value)]
         avals = [jax.typeof(x) for x in leaves]
-        key = (
+        key = (  # the padded call's: sizes of one bucket share it
             tree,
-            tuple((a.shape, a.dtype, a.weak_type) for a in avals),
+            tuple(
+                (self._length(a.shape, size) if m else a.shape, a.dtype, a.weak_type)
+                for a, m in zip(avals, marks, strict=True)
+            ),
             tuple(args[i] for i in sorted(static)),
             tuple((k, kwargs[k]) for k in options.static_argnames if k in kwargs),
             size,
@@ -182,6 +185,11 @@ class Bucketed:
         if key not in self._rows:
             self._rows[key] = self._decided(args, kwargs, static, tree, avals, marks, size)
         return self._rows[key]
+
+    def _length(self, shape: tuple[int, ...], length: int) -> tuple[int, ...]:
+        """The shape with the bucketed axis `length` long."""
+        axis = self.buckets.axis
+        return (*shape[:axis], length, *shape[axis + 1 :])
 
     def _decided(
         self, args: tuple, kwargs: dict, static: set[int], tree: Any, avals: list, marks: list[bool], size: int
@@ -195,9 +203,7 @@ class Bucketed:
 
         def traced(length: int) -> Any:
             shapes = [
-                jax.ShapeDtypeStruct(
-                    (*a.shape[:axis], length, *a.shape[axis + 1 :]) if m else a.shape, a.dtype, weak_type=a.weak_type
-                )
+                jax.ShapeDtypeStruct(self._length(a.shape, length) if m else a.shape, a.dtype, weak_type=a.weak_type)
                 for a, m in zip(avals, marks, strict=True)
             ]
             return jax.make_jaxpr(flat)(*shapes)

@@ -250,6 +250,13 @@ def _pad(eqn: jcore.JaxprEqn, _b: jcore.JaxprEqn, axes: list[Axis], _size: int) 
     return _whole(eqn, axis, tuple(eqn.params["padding_config"][axis]) == (0, 0, 0))
 
 
+def _reduce_window(eqn: jcore.JaxprEqn, _b: jcore.JaxprEqn, axes: list[Axis], _size: int) -> list[Axis]:
+    """A window of one row, unpadded, undilated, stepping one row: each row alone."""
+    axis, p = _agreed(axes), eqn.params
+    alone = (p["window_dimensions"][axis], p["window_strides"][axis], p["base_dilation"][axis]) == (1, 1, 1)
+    return _whole(eqn, axis, alone and p["window_dilation"][axis] == 1 and tuple(p["padding"][axis]) == (0, 0))
+
+
 def _dynamic_slice(eqn: jcore.JaxprEqn, _b: jcore.JaxprEqn, axes: list[Axis], _size: int) -> list[Axis]:
     axis = _agreed(axes[:1])
     if any(x is not None for x in axes[1:]):
@@ -405,7 +412,7 @@ _ELEMENTWISE = (
     "integer_pow", "is_finite", "le", "lgamma", "log", "log1p", "logistic", "lt", "max", "min", "mul", "ne", "neg",
     "nextafter", "not", "or", "polygamma", "population_count", "pow", "real", "reduce_precision", "rem", "round",
     "rsqrt", "select_n", "shift_left", "shift_right_arithmetic", "shift_right_logical", "sign", "sin", "sinh", "sqrt",
-    "square", "sub", "tan", "tanh", "xor", "zeta",
+    "square", "stop_gradient", "sub", "tan", "tanh", "xor", "zeta",
 )  # fmt: skip
 _REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
                "argmax", "argmin")  # fmt: skip
@@ -427,6 +434,7 @@ RULES: dict[str, Rule] = {
     "rev": _rev,
     "slice": _slice,
     "pad": _pad,
+    **dict.fromkeys(("reduce_window_sum", "reduce_window_max", "reduce_window_min"), _reduce_window),
     "dynamic_slice": _dynamic_slice,
     "dynamic_update_slice": _dynamic_update_slice,
     "concatenate": _concatenate,

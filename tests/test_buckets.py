@@ -168,6 +168,7 @@ _ROWS = {  # program of x (rows along axis 0) -> where its result carries the ro
     "while": (lambda x: jax.lax.fori_loop(0, 3, lambda i, c: jnp.sin(c) + x, x), 0),
     "cond": (lambda x: jax.lax.cond(True, jnp.sin, jnp.cos, x), 0),
     "nested jit": (lambda x: jax.jit(jax.nn.relu)(x), 0),
+    "pooled within rows": (lambda x: jax.lax.reduce_window(x, 0.0, jax.lax.add, (1, 2), (1, 1), "SAME"), 0),
     "a weight reduced": (lambda x: x + jnp.sum(_W), 0),
     "rows reduced": (lambda x: x - x.mean(0), "reduce_sum"),
     "rows cumulated": (lambda x: jnp.cumsum(x, 0), "cumsum"),
@@ -178,6 +179,7 @@ _ROWS = {  # program of x (rows along axis 0) -> where its result carries the ro
     "rows gathered": (lambda x: x[jnp.array([1, 0])], "takes the batch length"),  # negative indices wrap at it
     "rows contracted": (lambda x: x.T @ x, "dot_general"),
     "rows paired": (lambda x: x @ x.T, "dot_general"),
+    "rows pooled": (lambda x: jax.lax.reduce_window(x, 0.0, jax.lax.add, (2, 1), (1, 1), "SAME"), "reduce_window_sum"),
     "rows flattened": (lambda x: x.reshape(-1), "reshape"),
     "scan over rows": (lambda x: jax.lax.scan(lambda c, r: (c + r, c), jnp.zeros(8), x)[1], "scan"),
     "the length as a number": (lambda x: x * x.shape[0], "mul"),
