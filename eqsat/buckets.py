@@ -2,11 +2,12 @@
 the smallest bucket size that holds it and the results are sliced back, so every size between two buckets runs
 one plan and one executable, as inference compilers' shape buckets do.
 
-`optimize(f, buckets=Buckets((8, 16, 32), argnums=(1,)))`: every array leaf of argument 1 carries the axis
-(axis 0 unless told); a result carries it where its length along the axis follows the padded size. Sizes above
-the largest bucket run at their own size. With validation on, the first call of each bucket compares the padded
-program, sliced, with the unpadded original on that call's arguments; where they differ (the rows were not
-independent) eqsat warns and that bucket's sizes run unpadded from then on.
+`optimize(f, buckets=Buckets((8, 16, 32), argnums=(1,)))`: every array leaf of argument 1 (passed by position or
+by keyword) carries the axis (axis 0 unless told). Sizes above the largest bucket run at their own size. Whether
+padding is harmless is decided once per bucket from the program (eqsat/rows.py), never from a call's values:
+where it keeps the rows apart, each result carrying them is sliced back along the axis the walk found; where an
+op mixes them (a reduction over the batch, a contraction, a sort...), eqsat warns once, naming the op and the
+line, and that bucket's sizes run unpadded.
 """
 
 import inspect
@@ -67,33 +68,25 @@ class Bucketed:
             raise ValueError(f"buckets name argument(s) {sorted(static)}, which static_argnums makes static")
         signature = api_util.fun_signature(optimized.fun)
         positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        params = [] if signature is None else list(signature.parameters.values())
-        # a bucketed argument may come by keyword: the name of each positional parameter
-        self._names = [p.name if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD else None for p in params
-                       if p.kind in positional]  # fmt: skip
+        params = [] if signature is None else [p for p in signature.parameters.values() if p.kind in positional]
+        self._names = [p.name for p in params]  # a bucketed argument may come by keyword, or be named in errors
+        self._keywords = {p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD}
         self._rows: dict[Any, list[Axis] | None] = {}  # padded call -> each result's row axis; None: rows mix
         self._warned: set[str] = set()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        where = self._where(args, kwargs)
-        n = self._size(args, kwargs, where)
-        size = self.buckets.bucket(n)
-        rows = None if size == n else self._row_axes(args, kwargs, where, size)
-        if rows is None:
+        padded = self._padded_call(args, kwargs)
+        if padded is None:
             return self.optimized(*args, **kwargs)
-        out = self.optimized(*self._padded(args, where, size), **self._padded_kwargs(kwargs, where, size))
-        leaves, tree = jax.tree_util.tree_flatten(out)
+        padded_args, padded_kwargs, n, rows = padded
+        leaves, tree = jax.tree_util.tree_flatten(self.optimized(*padded_args, **padded_kwargs))
         cut = [x if q is None else jax.lax.slice_in_dim(x, 0, n, axis=q) for x, q in zip(leaves, rows, strict=True)]
         return jax.tree_util.tree_unflatten(tree, cut)
 
     def plan(self, *args: Any, **kwargs: Any) -> "Plan":
         """The plan calls with these arguments run: that of their bucket's padded shapes, where they are padded."""
-        where = self._where(args, kwargs)
-        n = self._size(args, kwargs, where)
-        size = self.buckets.bucket(n)
-        if size == n or self._row_axes(args, kwargs, where, size) is None:
-            return self.optimized.plan(*args, **kwargs)
-        return self.optimized.plan(*self._padded(args, where, size), **self._padded_kwargs(kwargs, where, size))
+        padded = self._padded_call(args, kwargs)
+        return self.optimized.plan(*args, **kwargs) if padded is None else self.optimized.plan(*padded[0], **padded[1])
 
     def cache_info(self) -> dict[str, int]:
         return self.optimized.cache_info()
@@ -102,6 +95,18 @@ class Bucketed:
         self.optimized.clear_cache()
         self._rows.clear()
 
+    def _padded_call(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict, int, list[Axis]] | None:
+        """The call padded to its bucket, the rows it has, and where each result leaf carries them; None where it
+        runs unpadded (a size that is a bucket's or above them all, or rows that the program mixes)."""
+        where = self._where(args, kwargs)
+        n = self._size(args, kwargs, where)
+        size = self.buckets.bucket(n)
+        rows = None if size == n else self._row_axes(args, kwargs, where, size)
+        if rows is None:
+            return None
+        padded_args = tuple(self._pad(a, size) if i in where else a for i, a in enumerate(args))
+        return padded_args, {k: self._pad(v, size) if k in where else v for k, v in kwargs.items()}, n, rows
+
     def _where(self, args: tuple, kwargs: dict[str, Any]) -> list[int | str]:
         """Each bucketed argument's place in this call: its position, or its name where it comes by keyword."""
         n, places = len(args), []
@@ -109,12 +114,13 @@ class Bucketed:
             name = self._names[i] if 0 <= i < len(self._names) else None
             if -n <= i < n:
                 places.append(i % n)
-            elif name in kwargs:
+            elif name in self._keywords and name in kwargs:
                 places.append(name)
             else:
                 raise ValueError(
                     f"buckets name argument {i}{f' ({name})' if name else ''}, but the call passes {n} positional "
-                    f"argument(s) and {'no' if name else 'cannot pass it as a'} keyword argument {name or ''}".rstrip()
+                    f"argument(s) and {'no' if name in self._keywords else 'cannot pass it as a'} keyword argument "
+                    f"{name or ''}".rstrip()
                 )
         return places
 
@@ -142,12 +148,6 @@ class Bucketed:
     def _named(self, place: int | str) -> str:
         name = self._names[place] if isinstance(place, int) and place < len(self._names) else None
         return f" ({name})" if name else ""
-
-    def _padded(self, args: tuple, where: list[int | str], size: int) -> tuple:
-        return tuple(self._pad(a, size) if i in where else a for i, a in enumerate(args))
-
-    def _padded_kwargs(self, kwargs: dict[str, Any], where: list[int | str], size: int) -> dict[str, Any]:
-        return {k: self._pad(v, size) if k in where else v for k, v in kwargs.items()}
 
     def _pad(self, value: Any, size: int) -> Any:
         axis = self.buckets.axis
@@ -178,8 +178,8 @@ class Bucketed:
                 (self._length(a.shape, size) if m else a.shape, a.dtype, a.weak_type)
                 for a, m in zip(avals, marks, strict=True)
             ),
-            tuple(args[i] for i in sorted(static)),
-            tuple((k, kwargs[k]) for k in options.static_argnames if k in kwargs),
+            tuple((type(args[i]), args[i]) for i in sorted(static)),  # f(x, 1) and f(x, True) trace apart
+            tuple((k, type(kwargs[k]), kwargs[k]) for k in options.static_argnames if k in kwargs),
             size,
         )
         if key not in self._rows:
