@@ -64,7 +64,7 @@ def _walk(small: jcore.Jaxpr, large: jcore.Jaxpr, axes: Sequence[Axis], size: in
         operands = [read(v) for v in a.invars]
         rule, carried = RULES.get(a.primitive.name), any(x is not None for x in operands)
         try:
-            if rule is not None and (carried or _bodies(a.params)):  # bodies may make values of the batch's length
+            if rule is not None and (carried or rule in _WALKS_BODIES):  # bodies may make values of the batch's length
                 results = rule(a, b, operands, size)
             elif carried:
                 raise _Mixes("has no rule saying how it treats the rows")
@@ -80,12 +80,6 @@ def _walk(small: jcore.Jaxpr, large: jcore.Jaxpr, axes: Sequence[Axis], size: in
 
 def _changed(jaxpr: jcore.Jaxpr, why: str) -> RowsMixed:
     return _named(jaxpr.eqns[0] if jaxpr.eqns else None, why)
-
-
-def _bodies(params: dict[str, Any]) -> list[Any]:
-    return [v for v in params.values() if isinstance(v, jcore.ClosedJaxpr | jcore.Jaxpr)] + [
-        x for v in params.values() if isinstance(v, tuple) for x in v if isinstance(x, jcore.ClosedJaxpr)
-    ]
 
 
 _BORN = {"iota", "broadcast_in_dim"}  # may make a value of the batch's length whose rows are all alike
@@ -347,6 +341,20 @@ def _gather(eqn: jcore.JaxprEqn, _b: jcore.JaxprEqn, axes: list[Axis], _size: in
     return [places.pop()]
 
 
+def _scatter(eqn: jcore.JaxprEqn, _b: jcore.JaxprEqn, axes: list[Axis], _size: int) -> list[Axis]:
+    """Rows survive a scatter into whole rows: the axis a window dimension of the operand, not indexed, and the
+    same window dimension of the updates."""
+    dims, (operand, indices, updates) = eqn.params["dimension_numbers"], axes
+    indexed = (*dims.inserted_window_dims, *dims.scatter_dims_to_operand_dims, *dims.operand_batching_dims)
+    if operand is None or indices is not None or operand in indexed:
+        raise _Mixes("scatters across the batch axis")
+    window = [d for d in range(eqn.invars[0].aval.ndim) if d not in dims.inserted_window_dims]
+    window = [d for d in window if d not in dims.operand_batching_dims]
+    if updates != dims.update_window_dims[window.index(operand)]:
+        raise _Mixes("writes some rows of the batch axis")
+    return [operand]
+
+
 def _body(eqn: jcore.JaxprEqn) -> jcore.ClosedJaxpr | jcore.Jaxpr:
     return next(eqn.params[k] for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if k in eqn.params)
 
@@ -417,6 +425,7 @@ _ELEMENTWISE = (
 _REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or", "reduce_xor",
                "argmax", "argmin")  # fmt: skip
 _CUMULATIVE = ("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
+_SCATTERS = ("scatter", "scatter-add", "scatter-sub", "scatter-mul", "scatter-min", "scatter-max")
 _CALLS = ("jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat2", "checkpoint")
 
 RULES: dict[str, Rule] = {
@@ -441,8 +450,10 @@ RULES: dict[str, Rule] = {
     "dot_general": _dot_general,
     "conv_general_dilated": _conv,
     "gather": _gather,
+    **dict.fromkeys(_SCATTERS, _scatter),
     **dict.fromkeys(_CALLS, _call),
     "cond": _cond,
     "scan": _scan,
     "while": _while,
 }
+_WALKS_BODIES = (_call, _cond, _scan, _while)
