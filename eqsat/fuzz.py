@@ -57,6 +57,7 @@ FUZZ_LIMITS = Limits(
 
 DTYPES = ("float32", "float32", "bfloat16", "float16", "int32")
 TRANSFORMS = ("eager", "jit", "vmap", "grad", "scan", "prepare", "optimize-grad", "background", "buckets")
+_PICKED = TRANSFORMS[:-1]  # buckets is drawn last, on its own: the other cases stay those drawn before it came
 BODIES = ("straight", "straight", "scan", "cond", "fori", "remat", "layers")
 TARGETS = ("cpu", "h100", "tpu-v5e")
 EXTRACTORS = ("greedy", "ilp", "auto")
@@ -188,7 +189,7 @@ def _case(rng: np.random.Generator, index: int) -> Case:
             raise _Rejected from error
     if not prog.outputs():
         raise _Rejected
-    transform = _pick(rng, TRANSFORMS)
+    transform = _pick(rng, _PICKED)
     if transform in _FLOAT_ONLY and dtype == "int32":
         transform = "jit"
     n = len(prog.input_shapes)
@@ -196,7 +197,7 @@ def _case(rng: np.random.Generator, index: int) -> Case:
     tree = tuple(b - a for a, b in zip([0, *cut], [*cut, n], strict=True))
     if transform == "prepare" and (len(tree) < 2 or tree[0] == 0):
         transform = "jit"  # prepare binds the first argument's leaves: it needs some, and other arguments
-    return Case(
+    case = Case(
         index,
         prog,
         _pick(rng, BODIES),
@@ -209,6 +210,9 @@ def _case(rng: np.random.Generator, index: int) -> Case:
         int(rng.integers(2**31)),
         bool(rng.integers(4) == 0),
     )
+    if rng.integers(len(TRANSFORMS)) == 0:
+        case.transform = "buckets"
+    return case
 
 
 def _function(case: Case) -> Callable[..., Any]:
