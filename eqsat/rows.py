@@ -70,7 +70,7 @@ def _walk(small: jcore.Jaxpr, large: jcore.Jaxpr, axes: Sequence[Axis], size: in
                 raise _Mixes("has no rule saying how it treats the rows")
             else:
                 results = [None] * len(a.outvars)
-            _same_values(a, b, size, walked=rule is not None)
+            _same_values(a, b, size, walked=rule in _WALKS_BODIES)
             results = [_checked_axis(a, u, v, r, size) for u, v, r in zip(a.outvars, b.outvars, results, strict=True)]
         except _Mixes as mixes:
             raise _named(a, str(mixes)) from None
@@ -110,9 +110,10 @@ def _const_axis(small: Any, large: Any, size: int) -> Axis:
     try:
         a, b = np.asarray(small), np.asarray(large)
         axis = _grown(a.shape, b.shape, size)
+        same = _equal(a, b if axis is None else np.take(b, range(size), axis=axis))
     except (_Mixes, TypeError, ValueError):  # a traced constant, or one whose shape follows the length otherwise
-        axis, a, b = None, None, np.zeros(())
-    if a is None or not _equal(a, b if axis is None else np.take(b, range(size), axis=axis)):
+        same = False
+    if not same:
         raise RowsMixed("a constant of the program changes with the batch length")
     return axis
 
