@@ -2,13 +2,16 @@
 the smallest bucket size that holds it and the results are sliced back, so every size between two buckets runs
 one plan and one executable, as inference compilers' shape buckets do.
 
-`optimize(f, buckets=Buckets((8, 16, 32), argnums=(1,)))`: every array leaf of argument 1 carries the axis
-(axis 0 unless told); a result carries it where its length along the axis follows the padded size. Sizes above
-the largest bucket run at their own size. With validation on, the first call of each bucket compares the padded
-program, sliced, with the unpadded original on that call's arguments; where they differ (the rows were not
-independent) eqsat warns and that bucket's sizes run unpadded from then on.
+`optimize(f, buckets=Buckets((8, 16, 32), argnums=(1,)))`: every array leaf of argument 1 (passed by position or
+by keyword) carries the axis (axis 0 unless told). Sizes above the largest bucket run at their own size. Whether
+padding is harmless is decided once per bucket from the program (eqsat/rows.py), never from a call's values:
+where it keeps the rows apart, each result carrying them is sliced back along the axis the walk found; where an
+op mixes them (a reduction over the batch, a contraction, a sort...), eqsat warns once, naming the op and the
+line, and that bucket's sizes run unpadded.
 """
 
+import inspect
+import os
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,13 +19,16 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import api_util  # fun_signature: the parameters jax.jit resolves argument numbers against
 
 from eqsat.errors import EqsatWarning
-from eqsat.tolerance import comparable, mismatch
+from eqsat.rows import Axis, RowsMixed, row_axes
 
 if TYPE_CHECKING:
     from eqsat.api import Optimized
     from eqsat.extract.plan import Plan
+
+_NOT_THE_CALLER = (os.path.dirname(jax.__file__), os.path.dirname(__file__))
 
 
 @dataclass(frozen=True)
@@ -51,66 +57,99 @@ class Buckets:
 
 
 class Bucketed:
-    """What optimize(f, buckets=...) returns: calls pad to a bucket, run the optimized f, and slice back."""
+    """What optimize(f, buckets=...) returns: calls pad to a bucket, run the optimized f, and slice back, where the
+    program keeps rows apart (eqsat/rows.py)."""
 
     def __init__(self, optimized: "Optimized", buckets: Buckets) -> None:
         self.optimized, self.buckets = optimized, buckets
-        self._batched: dict[Any, list[bool]] = {}  # padded signature -> which result leaves carry the axis
-        self._checked: set[int] = set()  # buckets whose padded program matched the unpadded one
-        self._unpadded: set[int] = set()  # buckets that did not: their sizes run as they are
-        statics: dict[str, Any] = {"static_argnums": optimized.options.static_argnums}
-        if optimized.options.static_argnames:  # jax.jit refuses names, even (), for a function without a signature
-            statics["static_argnames"] = optimized.options.static_argnames
-        self._original = jax.jit(optimized.fun, **statics)
+        options = optimized.options
+        static = set(buckets.argnums) & set(options.static_argnums)
+        if static:
+            raise ValueError(f"buckets name argument(s) {sorted(static)}, which static_argnums makes static")
+        signature = api_util.fun_signature(optimized.fun)
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = [] if signature is None else [p for p in signature.parameters.values() if p.kind in positional]
+        self._names = [p.name for p in params]  # a bucketed argument may come by keyword, or be named in errors
+        self._keywords = {p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD}
+        self._rows: dict[Any, list[Axis] | None] = {}  # padded call -> each result's row axis; None: rows mix
+        self._warned: set[str] = set()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        n = self._size(args)
-        size = self.buckets.bucket(n)
-        if size == n or size in self._unpadded:
+        padded = self._padded_call(args, kwargs)
+        if padded is None:
             return self.optimized(*args, **kwargs)
-        padded = self._padded(args, size)
-        out = self._sliced(self.optimized(*padded, **kwargs), padded, kwargs, n)
-        if size not in self._checked and self.optimized.options.validate and _concrete(args):
-            self._checked.add(size)
-            if not self._agrees(args, kwargs, out, size):
-                self._unpadded.add(size)
-                return self.optimized(*args, **kwargs)
-        return out
+        padded_args, padded_kwargs, n, rows = padded
+        leaves, tree = jax.tree_util.tree_flatten(self.optimized(*padded_args, **padded_kwargs))
+        cut = [x if q is None else jax.lax.slice_in_dim(x, 0, n, axis=q) for x, q in zip(leaves, rows, strict=True)]
+        return jax.tree_util.tree_unflatten(tree, cut)
 
     def plan(self, *args: Any, **kwargs: Any) -> "Plan":
-        """The plan calls with these arguments run: that of their bucket's padded shapes."""
-        size = self.buckets.bucket(self._size(args))
-        return self.optimized.plan(*(args if size in self._unpadded else self._padded(args, size)), **kwargs)
+        """The plan calls with these arguments run: that of their bucket's padded shapes, where they are padded."""
+        padded = self._padded_call(args, kwargs)
+        return self.optimized.plan(*args, **kwargs) if padded is None else self.optimized.plan(*padded[0], **padded[1])
 
     def cache_info(self) -> dict[str, int]:
         return self.optimized.cache_info()
 
     def clear_cache(self) -> None:
         self.optimized.clear_cache()
-        self._batched.clear()
-        self._checked.clear()
-        self._unpadded.clear()
+        self._rows.clear()
 
-    def _leaves(self, args: tuple) -> list[Any]:
-        n = len(args)
-        bad = [i for i in self.buckets.argnums if not -n <= i < n]
-        if bad:
-            raise ValueError(f"buckets name argument(s) {bad}, but the call passes {n} positional argument(s)")
-        return [leaf for i in self.buckets.argnums for leaf in jax.tree_util.tree_leaves(args[i])]
+    def _padded_call(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict, int, list[Axis]] | None:
+        """The call padded to its bucket, the rows it has, and where each result leaf carries them; None where it
+        runs unpadded (a size that is a bucket's or above them all, or rows that the program mixes)."""
+        where = self._where(args, kwargs)
+        n = self._size(args, kwargs, where)
+        size = self.buckets.bucket(n)
+        rows = None if size == n else self._row_axes(args, kwargs, where, size)
+        if rows is None:
+            return None
+        padded_args = tuple(self._pad(a, size) if i in where else a for i, a in enumerate(args))
+        return padded_args, {k: self._pad(v, size) if k in where else v for k, v in kwargs.items()}, n, rows
 
-    def _size(self, args: tuple) -> int:
+    def _where(self, args: tuple, kwargs: dict[str, Any]) -> list[int | str]:
+        """Each bucketed argument's place in this call: its position, or its name where it comes by keyword."""
+        n, places = len(args), []
+        for i in self.buckets.argnums:
+            name = self._names[i] if 0 <= i < len(self._names) else None
+            if -n <= i < n:
+                places.append(i % n)
+            elif name in self._keywords and name in kwargs:
+                places.append(name)
+            else:
+                raise ValueError(
+                    f"buckets name argument {i}{f' ({name})' if name else ''}, but the call passes {n} positional "
+                    f"argument(s) and {'no' if name in self._keywords else 'cannot pass it as a'} keyword argument "
+                    f"{name or ''}".rstrip()
+                )
+        return places
+
+    def _size(self, args: tuple, kwargs: dict[str, Any], where: list[int | str]) -> int:
         """The length of the bucketed axis, which every leaf of the bucketed arguments must share."""
-        axis = self.buckets.axis
-        sizes = {np.shape(leaf)[axis] if np.ndim(leaf) > axis else None for leaf in self._leaves(args)}
-        if len(sizes) != 1 or None in sizes:
-            found = sorted(str(s) for s in sizes) or ["no array"]
+        axis, lengths = self.buckets.axis, {}
+        for place in where:
+            value = args[place] if isinstance(place, int) else kwargs[place]
+            for path, leaf in jax.tree_util.tree_leaves_with_path(value):
+                label = f"argument {place}{self._named(place)}{jax.tree_util.keystr(path)}"
+                if np.ndim(leaf) <= axis:
+                    raise ValueError(
+                        f"buckets: {label} has shape {np.shape(leaf)}, which has no axis {axis} to pad "
+                        f"(Buckets(axis={axis}) names the batch axis of every array of the bucketed arguments)"
+                    )
+                lengths.setdefault(np.shape(leaf)[axis], label)
+        if len(lengths) != 1:
+            found = ", ".join(f"{length} ({label})" for length, label in lengths.items()) or "no array"
             raise ValueError(
                 f"buckets: every array of argument(s) {self.buckets.argnums} must have one length along axis {axis} "
-                f"(the batch axis), found {', '.join(found)}"
+                f"(the batch axis), found {found}"
             )
-        return sizes.pop()
+        return next(iter(lengths))
 
-    def _padded(self, args: tuple, size: int) -> tuple:
+    def _named(self, place: int | str) -> str:
+        name = self._names[place] if isinstance(place, int) and place < len(self._names) else None
+        return f" ({name})" if name else ""
+
+    def _pad(self, value: Any, size: int) -> Any:
         axis = self.buckets.axis
 
         def pad(leaf: Any) -> Any:
@@ -118,49 +157,74 @@ class Bucketed:
             widths[axis] = (0, size - np.shape(leaf)[axis])
             return jnp.pad(leaf, widths)
 
-        positions = {i % len(args) for i in self.buckets.argnums}
-        return tuple(jax.tree_util.tree_map(pad, a) if i in positions else a for i, a in enumerate(args))
+        return jax.tree_util.tree_map(pad, value)
 
-    def _sliced(self, out: Any, padded: tuple, kwargs: dict[str, Any], n: int) -> Any:
-        leaves, tree = jax.tree_util.tree_flatten(out)
-        batched = self._batched_results(padded, kwargs)
+    def _row_axes(self, args: tuple, kwargs: dict[str, Any], where: list[int | str], size: int) -> list[Axis] | None:
+        """Where each result leaf of the call padded to `size` carries the rows, or None where the program mixes
+        rows (warned once per reason): decided from the program traced at the padded length and one row longer."""
+        options = self.optimized.options
+        static = {i % len(args) for i in options.static_argnums if -len(args) <= i < len(args)}
+        dynamic = (
+            [None if i in static else a for i, a in enumerate(args)],
+            {k: v for k, v in kwargs.items() if k not in options.static_argnames},
+        )
+        leaves, tree = jax.tree_util.tree_flatten(dynamic)
+        tops = [*enumerate(dynamic[0]), *sorted(dynamic[1].items())]  # in the order jax flattens them
+        marks = [place in where for place, value in tops for _ in jax.tree_util.tree_leaves(value)]
+        avals = [jax.typeof(x) for x in leaves]
+        key = (  # the padded call's: sizes of one bucket share it
+            tree,
+            tuple(
+                (self._length(a.shape, size) if m else a.shape, a.dtype, a.weak_type)
+                for a, m in zip(avals, marks, strict=True)
+            ),
+            tuple((type(args[i]), args[i]) for i in sorted(static)),  # f(x, 1) and f(x, True) trace apart
+            tuple((k, type(kwargs[k]), kwargs[k]) for k in options.static_argnames if k in kwargs),
+            size,
+        )
+        if key not in self._rows:
+            self._rows[key] = self._decided(args, kwargs, static, tree, avals, marks, size)
+        return self._rows[key]
+
+    def _length(self, shape: tuple[int, ...], length: int) -> tuple[int, ...]:
+        """The shape with the bucketed axis `length` long."""
         axis = self.buckets.axis
-        cut = [jax.lax.slice_in_dim(x, 0, n, axis=axis) if b else x for x, b in zip(leaves, batched, strict=True)]
-        return jax.tree_util.tree_unflatten(tree, cut)
+        return (*shape[:axis], length, *shape[axis + 1 :])
 
-    def _batched_results(self, padded: tuple, kwargs: dict[str, Any]) -> list[bool]:
-        """Which result leaves carry the axis: those whose length along it follows the padded size (traced with
-        one more row to tell them from results that merely have that length)."""
-        key = (
-            jax.tree_util.tree_structure((padded, kwargs)),
-            tuple((np.shape(x), jnp.result_type(x)) for x in jax.tree_util.tree_leaves((padded, kwargs))),
-        )
-        if key not in self._batched:
-            size = self._size(padded)
+    def _decided(
+        self, args: tuple, kwargs: dict, static: set[int], tree: Any, avals: list, marks: list[bool], size: int
+    ) -> list[Axis] | None:
+        axis = self.buckets.axis
+
+        def flat(*leaves: Any) -> Any:
+            dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(tree, leaves)
+            full = [args[i] if i in static else a for i, a in enumerate(dyn_args)]
+            return self.optimized.fun(*full, **{**kwargs, **dyn_kwargs})
+
+        def traced(length: int) -> Any:
             shapes = [
-                [np.shape(x) for x in jax.tree_util.tree_leaves(jax.eval_shape(self.optimized.fun, *a, **kwargs))]
-                for a in (padded, self._padded(padded, size + 1))
+                jax.ShapeDtypeStruct(self._length(a.shape, length) if m else a.shape, a.dtype, weak_type=a.weak_type)
+                for a, m in zip(avals, marks, strict=True)
             ]
-            axis = self.buckets.axis
-            self._batched[key] = [
-                len(s) > axis and s[axis] == size and t[axis] == size + 1 for s, t in zip(*shapes, strict=True)
-            ]
-        return self._batched[key]
+            return jax.make_jaxpr(flat)(*shapes)
 
-    def _agrees(self, args: tuple, kwargs: dict[str, Any], got: Any, size: int) -> bool:
-        expected = jax.tree_util.tree_leaves(self._original(*args, **kwargs))
-        problem = mismatch(comparable(expected), comparable(jax.tree_util.tree_leaves(got)))
-        if problem is None:
-            return True
-        warnings.warn(
-            f"eqsat: {getattr(self.optimized.fun, '__name__', 'the function')} padded to bucket {size} along axis "
-            f"{self.buckets.axis} differs from the unpadded original ({problem}): its rows are not independent; "
-            "sizes of this bucket run unpadded",
-            EqsatWarning,
-            stacklevel=3,
-        )
-        return False
-
-
-def _concrete(args: tuple) -> bool:
-    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(args))
+        try:
+            small = traced(size)
+            rows = row_axes(small, traced(size + 1), [axis if m else None for m in marks], size)
+        except RowsMixed as mixed:
+            reason = str(mixed)
+        except Exception as error:  # the function does not trace padded (its own shape checks)
+            reason = (
+                f"it does not trace at the bucket's length, {size}, or one longer ({type(error).__name__}: {error})"
+            )
+        else:
+            return rows
+        if reason not in self._warned:
+            self._warned.add(reason)
+            warnings.warn(
+                f"eqsat: {getattr(self.optimized.fun, '__name__', 'the function')} runs unpadded: its rows along axis "
+                f"{axis} of argument(s) {self.buckets.argnums} are not independent ({reason})",
+                EqsatWarning,
+                skip_file_prefixes=_NOT_THE_CALLER,  # the user's call, under jax's transformations too
+            )
+        return None

@@ -7,7 +7,9 @@ float16 and int32, with their inputs packed as pytrees, their results as a dict 
 in a scan, cond, fori_loop or remat body or left straight. Each is optimized with random options (target,
 extractor, weights declared) and run under one transformation: eagerly, under jit, vmap or grad, inside a scan
 body, with its weights prepared, as the gradient program optimize(jax.grad(loss)), or eagerly with the plan left
-to the background (eqsat/background.py) and the call after it is ready checked; the first call is eager or
+to the background (eqsat/background.py) and the call after it is ready checked, or vmapped over rows through
+`Buckets` at batch sizes that are padded and one that is not (half the programs mixing rows, which must run
+unpadded); the first call is eager or
 transformed, and the other kind of call follows. A case fails when a result differs beyond the tolerance
 validation uses (`mismatch`), when eqsat raises where jax.jit did not (`crash`), or when eqsat's own machinery
 failed and warned (`internal`). Fallbacks (validation caught a wrong plan and the original ran) are counted.
@@ -35,6 +37,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 from eqsat.api import optimize
+from eqsat.buckets import Buckets
 from eqsat.errors import EqsatWarning
 from eqsat.generators import generators
 from eqsat.program import Program
@@ -53,11 +56,14 @@ FUZZ_LIMITS = Limits(
 )
 
 DTYPES = ("float32", "float32", "bfloat16", "float16", "int32")
-TRANSFORMS = ("eager", "jit", "vmap", "grad", "scan", "prepare", "optimize-grad", "background")
+TRANSFORMS = ("eager", "jit", "vmap", "grad", "scan", "prepare", "optimize-grad", "background", "buckets")
+_PICKED = TRANSFORMS[:-1]  # buckets is drawn last, on its own: the other cases stay those drawn before it came
 BODIES = ("straight", "straight", "scan", "cond", "fori", "remat", "layers")
 TARGETS = ("cpu", "h100", "tpu-v5e")
 EXTRACTORS = ("greedy", "ilp", "auto")
 _FLOAT_ONLY = ("grad", "optimize-grad")  # transformations that differentiate
+BUCKET_SIZES = (4, 8)
+BUCKET_ROWS = (3, 6, 9)  # padded to 4 and 8, and above the largest bucket
 _LAYERS = 5  # copies of the program in a "layers" body: enough for eqsat/repeats.py to plan them as one block
 
 
@@ -183,7 +189,7 @@ def _case(rng: np.random.Generator, index: int) -> Case:
             raise _Rejected from error
     if not prog.outputs():
         raise _Rejected
-    transform = _pick(rng, TRANSFORMS)
+    transform = _pick(rng, _PICKED)
     if transform in _FLOAT_ONLY and dtype == "int32":
         transform = "jit"
     n = len(prog.input_shapes)
@@ -191,7 +197,7 @@ def _case(rng: np.random.Generator, index: int) -> Case:
     tree = tuple(b - a for a, b in zip([0, *cut], [*cut, n], strict=True))
     if transform == "prepare" and (len(tree) < 2 or tree[0] == 0):
         transform = "jit"  # prepare binds the first argument's leaves: it needs some, and other arguments
-    return Case(
+    case = Case(
         index,
         prog,
         _pick(rng, BODIES),
@@ -204,6 +210,9 @@ def _case(rng: np.random.Generator, index: int) -> Case:
         int(rng.integers(2**31)),
         bool(rng.integers(4) == 0),
     )
+    if rng.integers(len(TRANSFORMS)) == 0:
+        case.transform = "buckets"
+    return case
 
 
 def _function(case: Case) -> Callable[..., Any]:
@@ -279,11 +288,28 @@ def _under(transform: str, fun: Callable[..., Any], args: tuple) -> Callable[...
         return jax.grad(_loss(fun), argnums=_float_args(args))
     if transform == "scan":  # called in a scan body, the arguments closed over
         return lambda *a: lax.scan(lambda c, _: (c, fun(*a)), 0, None, length=2)[1]
+    if transform == "buckets":  # batches of several sizes under jax.jit (fun is a function of rows)
+        return jax.jit(lambda *a: tuple(fun(*_rows(a, n)) for n in BUCKET_ROWS))
     return fun
 
 
 def _batched(args: tuple) -> tuple:
     return jax.tree_util.tree_map(lambda x: jnp.stack([x, x[::-1] if x.ndim else -x]), args)
+
+
+def _rows(args: tuple, n: int) -> tuple:
+    """n rows of a batch: its rows, then negated (rows of both signs: zero padding wins a max of negative rows)."""
+    return jax.tree_util.tree_map(lambda x: jnp.concatenate([x, -x] * n)[:n], args)
+
+
+def _rowwise(fun: Callable[..., Any], mixed: bool) -> Callable[..., Any]:
+    """fun over a batch of rows; mixed: each result less its maximum over the rows (a program buckets must not
+    pad)."""
+    batched = jax.vmap(fun)
+    if not mixed:
+        return batched
+    less_max = lambda y: y - jnp.max(y, 0) if jnp.issubdtype(y.dtype, jnp.number) else y  # noqa: E731
+    return lambda *a: jax.tree_util.tree_map(less_max, batched(*a))
 
 
 def run_case(case: Case) -> Outcome:
@@ -293,13 +319,17 @@ def run_case(case: Case) -> Outcome:
     transform = case.transform
     if transform == "grad" and not _float_args(args):
         transform = "jit"
-    if transform == "vmap":
+    if transform in ("vmap", "buckets"):
         args = _batched(args)
+    if transform == "buckets":  # through Buckets, on rows kept apart or mixed (data_seed's parity)
+        fun = _rowwise(fun, mixed=case.data_seed % 2 == 1)
     limits = dataclasses.replace(FUZZ_LIMITS, guard_seconds=0.02) if case.guard else FUZZ_LIMITS
     # a first call runs its plan, except in the "background" transform
     options: dict[str, Any] = dict(
         target=case.target, extractor=case.extractor, limits=limits, background=transform == "background"
     )
+    if transform == "buckets":
+        options["buckets"] = Buckets(BUCKET_SIZES, argnums=tuple(range(len(args))))
     try:
         if transform == "optimize-grad":
             reference_fn = jax.jit(jax.grad(_loss(fun), argnums=_float_args(args)))
@@ -325,7 +355,7 @@ def run_case(case: Case) -> Outcome:
     fallback = any("differed from the original" in m for m in messages)
     internal = [m for m in messages if "could not plan" in m]
     rewritten = collections.Counter()
-    for entry in list(fast._cache.values()):
+    for entry in list(getattr(fast, "optimized", fast)._cache.values()):  # a Bucketed's optimized function
         rewritten.update(entry.plan.rewritten_ops() if entry.plan.fallback is None else {})
     outcome = Outcome(case, "ok", fallback=fallback, rewritten=dict(rewritten), seconds=0.0)
     problems = [

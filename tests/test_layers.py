@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "eqsat.measure", "eqsat.ops", "eqsat.progress", "eqsat.sample", "eqsat.tolerance", "eqsat.workload",
         "eqsat.backends.kernels",  # the alternative kernels the op table's entries lower through
     }),
-    ("capture", {"eqsat.capture", "eqsat.encode"}),
+    ("capture", {"eqsat.capture", "eqsat.encode", "eqsat.rows"}),
     ("e-graph", {"eqsat.chains", "eqsat.rule_sources", "eqsat.saturate", "eqsat.egraph_check"}),
     ("extraction", {
         "eqsat.extract", "eqsat.extract.cost", "eqsat.extract.dag", "eqsat.extract.extractors",
