@@ -17,6 +17,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("ir and op table", {
         "eqsat", "eqsat.background", "eqsat.errors", "eqsat.graph_walk", "eqsat.guard", "eqsat.ir", "eqsat.lru",
         "eqsat.measure", "eqsat.ops", "eqsat.progress", "eqsat.sample", "eqsat.tolerance", "eqsat.workload",
+        "eqsat.backends.cumulative",  # the op table's cumulative kernels
     }),
     ("capture", {"eqsat.capture", "eqsat.encode"}),
     ("e-graph", {"eqsat.chains", "eqsat.rule_sources", "eqsat.saturate", "eqsat.egraph_check"}),
