@@ -32,8 +32,6 @@ _COMBINE: dict[str, Callable[[Any, Any], Any]] = {
 }
 KINDS = tuple(_SCANS)
 PRIMITIVES = {f"cum{kind}": kind for kind in KINDS}  # the jax primitive of each kind: cumsum -> "sum"
-# block sizes rules/kernels.egg offers, each priced by the timing cache (an axis shorter than two blocks is left)
-BLOCKS = (16, 32, 64, 128)
 
 
 def identity(kind: str, dtype: Any) -> np.ndarray:

@@ -6,6 +6,7 @@
     python -m benches.kernels --only maxpool,sumpool,grouped56,grouped7,tinybatch   # DESIGN.md §2b's single ops
     python -m benches.kernels --only transposed_gemv   # x @ W.T with W a declared parameter, timed prepared
     python -m benches.kernels --only argmax   # argmax over the last axis of 64x32000 (a vocabulary's logits)
+    python -m benches.kernels --only cumsum,sum30_python,sum30_reduce,sum30_stack   # issue 26 items 3 and 6
 
 Per case: the ratio (jax.jit time / eqsat time) with its interquartile range; jax.jit's first call; eqsat's first
 call with an empty timing cache and again with the cache warm (the plans forgotten and made again, as a later
@@ -14,7 +15,9 @@ to its largest value.
 """
 
 import argparse
+import functools
 import json
+import operator
 import os
 import tempfile
 import time
@@ -36,6 +39,7 @@ KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "C
 BARS = {"MobileNetV2": 6, "EfficientNetB0": 4, "MobileNetV3Small": 3, "NASNetMobile": 3, "ConvNeXtTiny": 1.8,
         "onehot": 100, "nasnet_a": 2, "mobilenetv2_train": 3, "maxpool": 1.5, "sumpool": 2, "grouped56": 1,
         "grouped7": 1, "tinybatch": 4}  # fmt: skip
+BARS.update(cumsum=3, sum30_python=10, sum30_reduce=10, sum30_stack=10)  # issue 26
 
 
 def _one_hot(train: bool = False) -> Workload:
@@ -85,6 +89,14 @@ def _transposed_gemv() -> Workload:
     return Workload("transposed_gemv", lambda w, x: x @ w.T, (_normal(4096, 1024), _normal(1, 1024)), (0,))
 
 
+# sum(x @ b for b in B) as people write it, 30 terms, x 512x256, B 30x256x256 (issue 26 item 6)
+SUMS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
+    "sum30_python": lambda x, bs: sum(x @ b for b in bs),  # Python's sum starts from the integer 0
+    "sum30_reduce": lambda x, bs: functools.reduce(operator.add, [x @ b for b in bs]),
+    "sum30_stack": lambda x, bs: jnp.sum(jnp.stack([x @ b for b in bs]), 0),
+}
+
+
 SMALL = {  # DESIGN.md §2b's single ops
     "maxpool": lambda: _pool("max"),
     "sumpool": lambda: _pool("sum"),
@@ -95,6 +107,11 @@ SMALL = {  # DESIGN.md §2b's single ops
     ),
     "transposed_gemv": _transposed_gemv,
     "argmax": lambda: Workload("argmax", lambda x: jnp.argmax(x, axis=-1), (_normal(64, 32000),)),
+    "cumsum": lambda: Workload("cumsum", lambda x: jnp.cumsum(x, axis=1), (_normal(8, 1024, 256),)),
+    **{
+        name: lambda name=name: Workload(name, SUMS[name], (_normal(512, 256), _normal(30, 256, 256) / 16))
+        for name in SUMS
+    },
 }
 
 

@@ -108,7 +108,7 @@ def _optimized_with_blocks(fn: Any, args: tuple, decide_timings: Any) -> eqsat.O
     ],
 )
 def test_a_plan_with_the_blocked_form_agrees_with_jit(kind: str, axis: int, reverse: int, dtype: Any, decide_timings):
-    x = _values((40, 70), dtype, kind)
+    x = _values((70, 70), dtype, kind)
 
     def fn(x: jax.Array) -> jax.Array:
         return SCANS[kind](x * 2, axis, bool(reverse))
