@@ -47,10 +47,16 @@ def identity(kind: str, dtype: Any) -> np.ndarray:
     return np.array(np.inf if floating else jnp.iinfo(dtype).max, dtype)
 
 
+def _scan(kind: str) -> Callable[..., Any]:
+    if kind not in _SCANS:
+        raise ValueError(f"a cumulative op of kind {kind!r}: the kinds are {', '.join(KINDS)}")
+    return _SCANS[kind]
+
+
 def cumulative(attrs: tuple, x: Any) -> Any:
     """(Cumulative kind axis reverse x): the lax primitive of that kind along the axis, backwards if reverse."""
     kind, axis, reverse = attrs
-    return _SCANS[kind](x, axis, bool(reverse))
+    return _scan(kind)(x, axis, bool(reverse))
 
 
 def _unrolled(x: Any, axis: int, reverse: bool, combine: Callable[[Any, Any], Any]) -> Any:
@@ -73,6 +79,7 @@ def blocked(attrs: tuple, x: Any) -> Any:
     reverse). The axis is padded at its end to whole blocks with the kind's identity, which changes no output
     element before it."""
     kind, axis, reverse, block = attrs
+    scan = _scan(kind)
     if not 0 <= axis < x.ndim or block < 1:
         raise ValueError(f"CumulativeBlocked along axis {axis} of {x.shape} in blocks of {block}")
     n = x.shape[axis]
@@ -85,7 +92,7 @@ def blocked(attrs: tuple, x: Any) -> Any:
     within = _unrolled(split, axis + 1, bool(reverse), combine)
     # each block's total is its own cumulation's last element (first, if reverse)
     totals = lax.index_in_dim(within, 0 if reverse else block - 1, axis + 1, keepdims=False)
-    running = _SCANS[kind](totals, axis, bool(reverse))
+    running = scan(totals, axis, bool(reverse))
     # what the blocks before each one combine to: the running totals shifted by one block, the identity first
     shift = [(0, 0, 0)] * totals.ndim
     shift[axis] = (-1, 1, 0) if reverse else (1, -1, 0)

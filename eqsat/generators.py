@@ -14,10 +14,6 @@ from eqsat.gen_conv import CONV
 from eqsat.ops import OPS, OpSpec
 from eqsat.program import DrawFn, Program, Shape, any_value
 
-# Entries per op of the table (the JAX that captures as it) or rule pattern, where drawing the op on random inputs
-# (_from_table) would not reach what its rules match. Ops only rules create (Pad, Dense, the stable composites)
-# get an entry: the JAX that rules rewrite into them.
-
 
 def _gen_cumulative(draw: DrawFn, prog: Program) -> int:
     """A cumulative op along an axis long enough for the blocked forms of rules/kernels.egg (64-140 elements)."""
@@ -28,6 +24,9 @@ def _gen_cumulative(draw: DrawFn, prog: Program) -> int:
     return prog.apply(f"cum{kind}[{axis}, {reverse}]", partial(cumulative, (kind, axis, reverse)), x)
 
 
+# Entries per op of the table (the JAX that captures as it) or rule pattern, where drawing the op on random inputs
+# (_from_table) would not reach what its rules match. Ops only rules create (Pad, Dense, the stable composites)
+# get an entry: the JAX that rules rewrite into them.
 GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {**ALGEBRA, **CONV, "Cumulative": _gen_cumulative}
 
 

@@ -11,8 +11,9 @@ import pytest
 from jax import lax
 
 import eqsat
-from eqsat.backends.cumulative import KINDS, blocked
+from eqsat.backends.cumulative import KINDS, blocked, cumulative
 from eqsat.capture import capture
+from eqsat.ops import infer
 
 SCANS = {"sum": lax.cumsum, "prod": lax.cumprod, "max": lax.cummax, "min": lax.cummin, "logsumexp": lax.cumlogsumexp}
 
@@ -148,3 +149,11 @@ def test_a_short_axis_keeps_the_primitive():
     plan = eqsat.optimize(lambda x: jnp.cumsum(x, 1)).plan(x)
     assert "cumulative-blocked" not in plan.rules_fired or plan.rules_fired["cumulative-blocked"] == 0
     assert [node.op for node in plan.nodes if node.op.startswith("Cumulative")] == ["Cumulative"]
+
+
+def test_an_unknown_kind_is_refused_where_it_is_lowered():
+    x = jnp.ones((4, 70), jnp.float32)
+    for lower, attrs in ((cumulative, ("mean", 1, 0)), (blocked, ("mean", 1, 0, 32))):
+        with pytest.raises(ValueError, match="kind 'mean': the kinds are sum, prod"):
+            lower(attrs, x)
+    assert infer("CumulativeBlocked", ("mean", 1, 0, 32), (((4, 70), "float32"),)) is None
