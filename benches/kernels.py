@@ -8,6 +8,7 @@
     python -m benches.kernels --only argmax   # argmax over the last axis of 64x32000 (a vocabulary's logits)
     python -m benches.kernels --only conv1d,conv3d,mamba_mixer,volumetric_cnn   # issue 26: convs of every rank
     python -m benches.kernels --only transposed_decoder   # three stride-2 flax ConvTranspose, 64 channels to 128x128
+    python -m benches.kernels --only cumsum,sum30_python,sum30_reduce,sum30_stack   # issue 26 items 3 and 6
 
 Per case: the ratio (jax.jit time / eqsat time) with its interquartile range; jax.jit's first call; eqsat's first
 call with an empty timing cache and again with the cache warm (the plans forgotten and made again, as a later
@@ -16,7 +17,9 @@ to its largest value.
 """
 
 import argparse
+import functools
 import json
+import operator
 import os
 import tempfile
 import time
@@ -37,7 +40,8 @@ from eqsat.workload import Workload
 KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "ConvNeXtTiny")
 BARS = {"MobileNetV2": 6, "EfficientNetB0": 4, "MobileNetV3Small": 3, "NASNetMobile": 3, "ConvNeXtTiny": 1.8,
         "onehot": 100, "nasnet_a": 2, "mobilenetv2_train": 3, "maxpool": 1.5, "sumpool": 2, "grouped56": 1,
-        "grouped7": 1, "tinybatch": 4, "conv1d": 15, "conv3d": 50, "transposed_decoder": 1.3}  # fmt: skip
+        "grouped7": 1, "tinybatch": 4, "conv1d": 15, "conv3d": 50, "transposed_decoder": 1.3,
+        "cumsum": 3, "sum30_python": 10, "sum30_reduce": 10, "sum30_stack": 10}  # fmt: skip
 # cases timed beside a hand rewrite of their slow kernels (the same run): eqsat must reach this share of its ratio
 HAND_SHARE = 2 / 3
 
@@ -206,6 +210,14 @@ def _transposed_gemv() -> Workload:
     return Workload("transposed_gemv", lambda w, x: x @ w.T, (_normal(4096, 1024), _normal(1, 1024)), (0,))
 
 
+# sum(x @ b for b in B) as people write it, 30 terms, x 512x256, B 30x256x256 (issue 26 item 6)
+SUMS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
+    "sum30_python": lambda x, bs: sum(x @ b for b in bs),  # Python's sum starts from the integer 0
+    "sum30_reduce": lambda x, bs: functools.reduce(operator.add, [x @ b for b in bs]),
+    "sum30_stack": lambda x, bs: jnp.sum(jnp.stack([x @ b for b in bs]), 0),
+}
+
+
 SMALL = {  # DESIGN.md §2b's single ops
     "maxpool": lambda: _pool("max"),
     "sumpool": lambda: _pool("sum"),
@@ -217,6 +229,11 @@ SMALL = {  # DESIGN.md §2b's single ops
     "transposed_gemv": _transposed_gemv,
     "argmax": lambda: Workload("argmax", lambda x: jnp.argmax(x, axis=-1), (_normal(64, 32000),)),
     "transposed_decoder": _transposed_decoder,
+    "cumsum": lambda: Workload("cumsum", lambda x: jnp.cumsum(x, axis=1), (_normal(8, 1024, 256),)),
+    **{
+        name: lambda name=name: Workload(name, SUMS[name], (_normal(512, 256), _normal(30, 256, 256) / 16))
+        for name in SUMS
+    },
 }
 
 

@@ -18,6 +18,7 @@ from jax._src import source_info_util  # user_frame: the first frame outside jax
 from jax.core import ShapedArray
 from jax.extend import core as jcore
 
+from eqsat.backends.cumulative import PRIMITIVES as CUMULATIVE
 from eqsat.backends.kernels import conv_dimension_numbers
 from eqsat.ir import Graph, Node, Opaque, Role, Variable, Where
 from eqsat.ops import ConvAttrs, PoolAttrs, captured_as
@@ -313,6 +314,12 @@ def _model_pool(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[s
     return {"reduce_window_max": "PoolMax", "reduce_window_sum": "PoolSum"}[eqn.primitive.name], attrs, inputs
 
 
+def _model_cumulative(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    """lax.cumsum / cumprod / cummax / cummin / cumlogsumexp as (Cumulative kind axis reverse x)."""
+    kind = CUMULATIVE[eqn.primitive.name]
+    return "Cumulative", (kind, int(eqn.params["axis"]), int(eqn.params["reverse"])), inputs
+
+
 def _model_one_hot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
     """jax.nn.one_hot: convert(eq(broadcast(ids)[..., None], iota along the last axis)) as (OneHot depth dtype ids);
     any other conversion stays opaque."""
@@ -456,4 +463,5 @@ _SPECIAL = {
     "reduce_max": _model_reduce,
     "reduce_window_max": _model_pool,
     "reduce_window_sum": _model_pool,
+    **dict.fromkeys(CUMULATIVE, _model_cumulative),
 }

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eqsat.ir import Graph
+from eqsat.ir import Graph, Role, Variable
 
 CHAIN_RULE = "dot-assoc-right"
 FACTOR_RULE = "dot-factor-left"
@@ -48,7 +48,8 @@ def alternatives(graph: Graph, order_chains: bool = True, factor_sums: bool = Tr
     if factor_sums:
         for root, terms in _roots(graph, uses, _sum_step).items():
             shape = graph.nodes[root].shape
-            if any(graph.nodes[t].shape != shape for t in terms):  # a scalar term broadcasts: left as it is
+            terms = [t for t in terms if not _is_zero(graph, t)]  # Python's sum() starts from 0
+            if not terms or any(graph.nodes[t].shape != shape for t in terms):  # a scalar term broadcasts: left
                 continue
             factored = _factored(graph, uses, terms)
             if factored is not None:
@@ -100,11 +101,36 @@ def _chain_step(graph: Graph, uses: list[int], i: int, flat: dict[int, list[int]
 
 
 def _sum_step(graph: Graph, uses: list[int], i: int, flat: dict[int, list[int]]) -> list[int] | None:
-    """An Add's terms with those of its single-use Add inputs spliced in."""
+    """An Add's terms, or those of a sum over the axis of a stack (jnp.sum(jnp.stack(terms), 0)), with those of
+    its single-use Add inputs spliced in."""
     node = graph.nodes[i]
-    if node.op != "Add":
+    if node.op == "Add":
+        terms = node.inputs
+    elif node.op == "ReduceSum" and _is_stack(graph, node.inputs[0], node.attrs[0]) and uses[node.inputs[0]] == 1:
+        terms = graph.nodes[node.inputs[0]].inputs
+    else:
         return None
-    return [k for j in node.inputs for k in (flat[j] if j in flat and uses[j] == 1 else [j])]
+    return [k for j in terms for k in (flat[j] if j in flat and uses[j] == 1 else [j])]
+
+
+def _is_stack(graph: Graph, i: int, axis: int) -> bool:
+    """Whether node i is jax's stack primitive (opaque to the op table) along this axis."""
+    node = graph.nodes[i]
+    if node.op != "Op" or not node.inputs:
+        return False
+    call = graph.opaque[node.attrs[0]]
+    return call.primitive.name == "stack" and call.params.get("axis") == axis
+
+
+def _is_zero(graph: Graph, i: int) -> bool:
+    """Whether node i is a constant of zeros, or a broadcast of one: an additive identity a sum can drop."""
+    node = graph.nodes[i]
+    if node.op == "Bcast":
+        return _is_zero(graph, node.inputs[0])
+    if node.op != "Var" or graph.variables.get(node.attrs[0], Variable()).role != Role.CONSTANT:
+        return False
+    value = graph.consts.get(node.attrs[0])
+    return value is not None and not np.any(value)
 
 
 def _ref(i: int) -> str:

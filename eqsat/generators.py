@@ -3,19 +3,31 @@ written (eqsat/gen_algebra.py, eqsat/gen_conv.py) or drawn from the op's table e
 rule's own pattern, for rules no generator reaches."""
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from hypothesis import strategies as st
 
+from eqsat.backends.cumulative import KINDS, cumulative
 from eqsat.gen_algebra import ALGEBRA
 from eqsat.gen_conv import CONV
 from eqsat.ops import OPS, OpSpec
 from eqsat.program import DrawFn, Program, Shape, any_value
 
+
+def _gen_cumulative(draw: DrawFn, prog: Program) -> int:
+    """A cumulative op along an axis long enough for the blocked forms of rules/kernels.egg (64-140 elements)."""
+    kind, axis, reverse = draw(st.sampled_from(KINDS)), draw(st.integers(0, 1)), draw(st.integers(0, 1))
+    shape = [draw(st.integers(1, 3))] * 2
+    shape[axis] = draw(st.integers(64, 140))
+    x = prog.pick(draw, lambda s: s == tuple(shape), tuple(shape))
+    return prog.apply(f"cum{kind}[{axis}, {reverse}]", partial(cumulative, (kind, axis, reverse)), x)
+
+
 # Entries per op of the table (the JAX that captures as it) or rule pattern, where drawing the op on random inputs
 # (_from_table) would not reach what its rules match. Ops only rules create (Pad, Dense, the stable composites)
 # get an entry: the JAX that rules rewrite into them.
-GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {**ALGEBRA, **CONV}
+GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {**ALGEBRA, **CONV, "Cumulative": _gen_cumulative}
 
 
 def _from_table(spec: OpSpec) -> Callable[[DrawFn, Program], int]:

@@ -10,7 +10,7 @@ prelude, the cost model, lowering and `rules check` all read this table; a new o
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache
+from functools import lru_cache, partial
 from math import prod
 from typing import Any, NamedTuple
 
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from eqsat.backends import kernels
+from eqsat.backends import cumulative, kernels
 
 Shape = tuple[int, ...]
 
@@ -33,7 +33,7 @@ class CostClass(StrEnum):
     BITCAST = "bitcast"  # a row-major reshape: XLA moves no data
     GATHER = "gather"  # reads the rows it returns
     WINDOW = "window"  # a pooling pass: reads its input once, writes its output
-    REDUCTION = "reduction"  # an index-returning reduction (argmax): reads its input once
+    REDUCTION = "reduction"  # an index-returning reduction (argmax) or a cumulative op: reads its input once
     OPAQUE = "opaque"  # a primitive the table does not model: one pass over its data
 
 
@@ -366,6 +366,12 @@ def _slice(attrs: tuple, a: Any) -> Any:
     return lax.slice_in_dim(a, start, stop, axis=axis)
 
 
+def _cumulative_examples(shape: Shape, blocks: tuple[int, ...] | None) -> list[tuple]:
+    """Cumulative attributes along every axis of `shape`, both directions; with blocks, at each block size."""
+    heads = [(kind, axis, reverse) for kind in cumulative.KINDS for axis in range(len(shape)) for reverse in (0, 1)]
+    return heads if blocks is None else [(*head, block) for head in heads for block in blocks]
+
+
 OPS: dict[str, OpSpec] = {
     op.name: op
     for op in [
@@ -668,6 +674,29 @@ OPS: dict[str, OpSpec] = {
                 "(rule ((= e (Slice k0 k1 k2 a)) (= sa (shape a)) (< k0 (vec-length sa)) (<= 0 k1) (< k1 k2)"
                 " (<= k2 (vec-get sa k0))) ((set (shape e) (vec-set sa k0 (- k2 k1)))))",
             ),
+        ),
+        # (Cumulative kind axis reverse x): lax.cumsum / cumprod / cummax / cummin / cumlogsumexp (kind "sum", "prod",
+        # "max", "min", "logsumexp"), backwards where reverse is 1; (CumulativeBlocked kind axis reverse block x) the
+        # same in blocks, which rules/kernels.egg puts beside it (backends/cumulative.py)
+        *(
+            OpSpec(
+                name,
+                ("String", "i64", "i64", *("i64",) * blocked),
+                1,
+                "reduction",
+                lower,
+                (
+                    f"(rule ((= e ({name} k0 k1 k2{' k3' * blocked} a)) (= sa (shape a)) (>= k1 0)"
+                    f" (< k1 (vec-length sa)) (>= k2 0) (<= k2 1){' (>= k3 1)' * blocked}) ((set (shape e) sa)))",
+                ),
+                primitives=() if blocked else tuple(cumulative.PRIMITIVES),  # the kind: eqsat/capture.py
+                example_attrs=partial(_cumulative_examples, blocks=(1, 2, 3) if blocked else None),
+                alternative=bool(blocked),
+            )
+            for name, lower, blocked in (
+                ("Cumulative", cumulative.cumulative, 0),
+                ("CumulativeBlocked", cumulative.blocked, 1),
+            )
         ),
     ]
 }

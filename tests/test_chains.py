@@ -185,3 +185,49 @@ def test_chain_under_grad_matches():
     fast = eqsat.optimize(grad)
     for got, want in zip(fast(*operands), grad(*operands), strict=True):
         np.testing.assert_allclose(got, want, rtol=5e-3, atol=1e-4)
+
+
+SUMS = {  # a sum of x @ w over the weights as people write it
+    "python-sum": lambda x, ws: sum(x @ w for w in ws),  # starts from the integer 0: `0 + x@w0 + ...`
+    "reduce": lambda x, ws: functools.reduce(operator.add, [x @ w for w in ws]),
+    "reduce-from-0": lambda x, ws: functools.reduce(operator.add, [x @ w for w in ws], 0),
+    "reduce-from-zeros": lambda x, ws: functools.reduce(operator.add, [x @ w for w in ws], jnp.zeros((64, 32))),
+    "zeros-like": lambda x, ws: sum((x @ w for w in ws), jnp.zeros_like(x @ ws[0])),
+    "stack-sum": lambda x, ws: jnp.sum(jnp.stack([x @ w for w in ws]), 0),
+}
+
+
+@pytest.mark.parametrize("form", SUMS)
+@pytest.mark.parametrize("stacked", [False, True], ids=["list", "array"])
+def test_sums_as_people_write_them_are_factored(form, stacked):
+    """Python's sum(), functools.reduce (from 0, from zeros or from the first term) and jnp.sum of a stack, over a
+    list of weights or the rows of one array (jax's unstack): one contraction, the result unchanged."""
+    x, *weights = _matrices([(64, 32)] + [(32, 32)] * 12)
+    ws = jnp.stack(weights) if stacked else weights
+
+    def f(x, ws):
+        return SUMS[form](x, ws)
+
+    fast = eqsat.optimize(f)
+    np.testing.assert_allclose(fast(x, ws), f(x, ws), rtol=2e-3, atol=1e-3)
+    plan = fast.plan(x, ws)
+    assert plan.fallback is None
+    assert sum(node.op == "Dot" for node in plan.nodes) == 1
+    assert plan.rules_fired.get("dot-factor-left", 0) >= 1
+
+
+@pytest.mark.parametrize(
+    "start",
+    [lambda: jnp.ones((64, 32)), lambda: 0.5, lambda: jnp.zeros((2, 64, 32))],
+    ids=["ones", "scalar-half", "zeros-broadcast-wider"],
+)
+def test_a_start_that_is_not_an_identity_is_kept(start):
+    """Only zeros of the sum's own shape (or a scalar zero) are dropped: a nonzero start stays a term, and a zero
+    array that broadcasts the terms wider leaves the sum as it is."""
+    x, *weights = _matrices([(64, 32)] + [(32, 32)] * 4)
+
+    def f(x, *ws):
+        return sum((x @ w for w in ws), start())
+
+    fast = eqsat.optimize(f)
+    np.testing.assert_allclose(fast(x, *weights), f(x, *weights), rtol=2e-3, atol=1e-3)

@@ -18,6 +18,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "eqsat", "eqsat.background", "eqsat.errors", "eqsat.graph_walk", "eqsat.guard", "eqsat.ir", "eqsat.lru",
         "eqsat.measure", "eqsat.ops", "eqsat.progress", "eqsat.sample", "eqsat.tolerance", "eqsat.workload",
         "eqsat.backends.kernels",  # the alternative kernels the op table's entries lower through
+        "eqsat.backends.cumulative",  # the op table's cumulative kernels
     }),
     ("capture", {"eqsat.capture", "eqsat.encode", "eqsat.rows"}),
     ("e-graph", {"eqsat.chains", "eqsat.rule_sources", "eqsat.saturate", "eqsat.egraph_check"}),

@@ -37,11 +37,11 @@ def test_every_compared_field_is_saved(plans):
 
 def test_opaque_primitive_names_survive_saving(tmp_path):
     x, w = np.ones((8, 4), np.float32), np.ones((4, 4), np.float32)
-    plan = eqsat.optimize(lambda x, w: jnp.cumsum(x @ w + x @ w, axis=0)).plan(x, w)
+    plan = eqsat.optimize(lambda x, w: jnp.sort(x @ w + x @ w, axis=0)).plan(x, w)
     loaded = report.load_plan(report.save_plan(plan, tmp_path / "plan.json"))
     assert loaded == plan
     assert changes.diff_original(loaded) == changes.diff_original(plan)
-    assert "cumsum" in str(report.original_graph(loaded).opaque[0].primitive)
+    assert "sort" in str(report.original_graph(loaded).opaque[0].primitive)
 
 
 def test_version_is_written_and_checked(plans, tmp_path):
