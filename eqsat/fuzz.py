@@ -355,14 +355,15 @@ def run_case(case: Case) -> Outcome:
     fallback = any("differed from the original" in m for m in messages)
     internal = [m for m in messages if "could not plan" in m]
     rewritten = collections.Counter()
-    for entry in list(getattr(fast, "optimized", fast)._cache.values()):  # a Bucketed's optimized function
+    entries = list(getattr(fast, "optimized", fast)._cache.values())  # a Bucketed's optimized function
+    for entry in entries:
         rewritten.update(entry.plan.rewritten_ops() if entry.plan.fallback is None else {})
     outcome = Outcome(case, "ok", fallback=fallback, rewritten=dict(rewritten), seconds=0.0)
     problems = [
         _compare(reference_fn, args, expected, got["transformed"], "transformed call"),
         _compare(jax.jit(fun), _unbatched(args, transform), eager, got["eager"], "eager call"),
     ]
-    if any(e.plan.overflow_guard or e.plan.stats.get("bodies_rewritten") for e in list(fast._cache.values())):
+    if any(e.plan.overflow_guard or e.plan.stats.get("bodies_rewritten") for e in entries):
         problems += _at_extreme_magnitudes(case, fun, args, transform, options, reference_fn)
     problem = next(filter(None, problems), None)
     if internal:
