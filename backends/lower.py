@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.custom_batching import custom_vmap
+from jax.extend import core
 
 from eqsat.extract.plan import Plan
 from eqsat.graph_walk import reachable
@@ -78,6 +79,10 @@ def with_original_derivatives(
     return wrapped
 
 
+def _is_token(x: Any) -> bool:
+    return isinstance(x, core.Token) or isinstance(getattr(x, "aval", None), core.AbstractToken)
+
+
 OVERFLOW_GUARD = "eqsat_overflow_guard"  # the name scope of the guard's check and fallback in the lowered program
 
 
@@ -139,4 +144,17 @@ def overflow_guarded(
         _, finite = split(optimized(*primals))
         return plan() if finite is None else lax.cond(finite, plan, jvp_of(original))
 
-    return differentiable
+    def guarded(*args: Any) -> list[Any]:
+        if not any(map(_is_token, args)):
+            return differentiable(*args)
+        # tokens pass neither custom rules nor a cond's results: the cond picks the arrays, the plan's tokens pass
+        results, finite = split(optimized(*args))
+        if finite is None:
+            return results
+        arrays = [i for i, r in enumerate(results) if not _is_token(r)]
+        picked = iter(
+            lax.cond(finite, lambda: [results[i] for i in arrays], lambda: [original(*args)[i] for i in arrays])
+        )
+        return [next(picked) if i in arrays else r for i, r in enumerate(results)]
+
+    return guarded
