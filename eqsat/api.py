@@ -43,7 +43,7 @@ from eqsat.plan_cache import PerThread, SharedPlans, shared_plans
 from eqsat.planning import Captured, Entry, Planner
 from eqsat.saturate import Limits
 from eqsat.sharding import partitioned
-from eqsat.signature import Signature, aval_key, concrete, examples, merge_params, signature_of
+from eqsat.signature import Signature, aval_key, concrete, examples, merge_params, signature_of, threads_share
 
 log = logging.getLogger("eqsat")
 
@@ -225,8 +225,9 @@ class Optimized:
         """The body `dispatch` traces: look up (or build) the plan for these abstract values and inline it."""
         call, flat, signature = self._pending.call, *self._signature(args, kwargs)
         # with background on, a call's own trace on concrete arguments (not one an outer transformation or `.lower`
-        # keeps) may leave its plan to the planning thread
+        # keeps), under no context of this thread's own, may leave its plan to the planning thread
         tiered = self.options.background and call is not None and concrete(self._signature(*call)[0])
+        tiered = tiered and threads_share(signature)
         with jax.core.eval_context():  # planning runs on plain values, outside this trace
             entry = self._entry(signature, tiered=tiered)
         entry.traced = True

@@ -5,12 +5,14 @@
 with the leaves from here to lowering (capture tags the graph's Vars with it; prepare orders leaves by it).
 """
 
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+from jax._src import config  # trace_context(): what jax.jit keys its traces by besides the arguments
 from jax.core import ShapedArray
 
 from eqsat.capture import input_paths
@@ -20,13 +22,16 @@ from eqsat.sharding import explicit_sharding
 
 
 class Signature(NamedTuple):
-    """What a plan is keyed by, as jax.jit keys its traces: the dynamic leaves' tree and abstract values, and the
-    static arguments by position or name, type and value (so 1, True and 1.0 get plans of their own)."""
+    """What a plan is keyed by, as jax.jit keys its traces: the dynamic leaves' tree and abstract values, the
+    static arguments by position or name, type and value (so 1, True and 1.0 get plans of their own), and the
+    trace context: the enclosing transformations' axis sizes, the configuration that changes tracing (x64, rank
+    promotion, default matmul precision, ...), user contexts and the abstract mesh."""
 
     n_args: int
     tree: Any  # of (dynamic positional arguments, dynamic keyword arguments)
     avals: tuple[Any, ...]
     statics: tuple[tuple[int | str, type, Any], ...]
+    context: tuple  # jax's config.trace_context() where the call was made
 
 
 def signature_of(
@@ -43,7 +48,18 @@ def signature_of(
         {k: v for k, v in kwargs.items() if k not in static_argnames},
     )
     flat, tree = jax.tree_util.tree_flatten(dynamic)
-    return flat, Signature(n, tree, tuple(abstract(x) for x in flat), statics)
+    return flat, Signature(n, tree, tuple(abstract(x) for x in flat), statics, config.trace_context())
+
+
+def threads_share(signature: Signature) -> bool:
+    """Whether another thread traces under the signature's context: no context manager of the calling thread
+    (jax.enable_x64, a vmap's axis name, a user context) changes it. Only then can the planning thread build,
+    validate and compile its plan as the call would."""
+    found: list[tuple] = []
+    thread = threading.Thread(target=lambda: found.append(config.trace_context()), name="eqsat-context")
+    thread.start()
+    thread.join()
+    return found == [signature.context]
 
 
 def inputs_of(fun: Callable[..., Any], signature: Signature, params_argnums: tuple[int, ...]) -> tuple[Variable, ...]:
