@@ -9,6 +9,7 @@ abstract values, so a plan can be built under any transformation of the caller.
 import logging
 import operator
 import threading
+import functools
 import time
 import warnings
 from collections.abc import Callable, MutableMapping
@@ -88,7 +89,17 @@ class Planner:
 
     def __init__(self, fun: Callable[..., Any], options: Options, saturated: MutableMapping) -> None:
         self.fun, self.options, self.saturated = fun, options, saturated
-        self.name = getattr(fun, "__name__", repr(fun))
+
+    @functools.cached_property
+    def name(self) -> str:
+        """fun's name in messages, found when one is first needed: a callable's repr may be costly, or raise."""
+        name = getattr(self.fun, "__name__", None)
+        if isinstance(name, str):
+            return name
+        try:
+            return repr(self.fun)
+        except Exception:
+            return f"a {type(self.fun).__name__} object"
 
     def capture(self, signature: Signature) -> Captured | Entry:
         """The signature's program, traced once (its saturation keeps it); an entry that runs the original where

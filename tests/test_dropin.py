@@ -113,6 +113,24 @@ def test_donate_argnames_and_static_argnames():
     _close(donating(A, v=jnp.array(V)), chain(A, V))
 
 
+def test_explicit_empty_static_argnames_is_kept():
+    """As jax.jit: static_argnums=1 with static_argnames=() makes v static by position only, not by name."""
+    fast = eqsat.optimize(lambda a, v: chain(a, v * jnp.ones_like(V)), static_argnums=1, static_argnames=())
+    _close(fast(A, 2.0), chain(A, 2.0 * jnp.ones_like(V)))
+    _close(fast(A, v=V), chain(A, V))  # traced, not an (unhashable) static value
+
+
+def test_a_callable_whose_repr_raises():
+    class Chain:
+        def __call__(self, a, v):
+            return chain(a, v)
+
+        def __repr__(self):
+            raise ValueError("invalid repr")
+
+    _close(eqsat.optimize(Chain())(A, V), chain(A, V))
+
+
 def test_keyword_arguments():
     _close(_fast()(A, v=V), chain(A, V))
     _close(_fast()(a=A, v=V), chain(A, V))
