@@ -352,8 +352,12 @@ class Optimized:
         call = None if self._dispatch.donates else self._pending.call
         background.pause()  # planning starts once this call has compiled and run the original
         self._pending.paused = True
-        job = background.submit(lambda: self._background_plan(signature, prepared, captured, call))
-        job.add_done_callback(functools.partial(_failed, self._plans))  # not self: keeps no fun alive
+        # the job holds the function and its program weakly (the pending entry holds the program): one dropped
+        # while its plan waits is freed at once, closure and all, as jax.jit frees it
+        job = background.submit(
+            functools.partial(_plan_weakly, weakref.ref(self), signature, prepared, weakref.ref(captured), call)
+        )
+        job.add_done_callback(functools.partial(_failed, weakref.ref(self._plans)))  # keeps no plan alive
         return self._planner.pending_entry(signature, captured, job)
 
     def _background_plan(self, signature: Signature, prepared: bool, captured: Captured, call: tuple | None) -> Entry:
@@ -473,11 +477,26 @@ def _inlined(call: Callable[..., Any]) -> Callable[..., Any]:
     return call.__wrapped__ if isinstance(call, _JITTED) else call
 
 
-def _failed(plans: SharedPlans, job: Future) -> None:
+def _plan_weakly(
+    optimized: "weakref.ref[Optimized]",
+    signature: Signature,
+    prepared: bool,
+    captured: "weakref.ref[Captured]",
+    call: tuple | None,
+) -> Entry:
+    """A background job: the plan, unless the function or its pending entry was dropped while the job waited."""
+    found, program = optimized(), captured()
+    if found is None or program is None:
+        raise background.Stopped
+    return found._background_plan(signature, prepared, program, call)
+
+
+def _failed(plans: "weakref.ref[SharedPlans]", job: Future) -> None:
     """A background job failed (a plan that ran lands from the job itself): the dispatches trace again, and the
     trace that meets the failure warns of it."""
-    if job.exception() is not None and not isinstance(job.exception(), background.Stopped):
-        plans.land()
+    failed = job.exception() is not None and not isinstance(job.exception(), background.Stopped)
+    if failed and (found := plans()) is not None:
+        found.land()
 
 
 def _takes_job(entry: Entry, tiered: bool) -> bool:

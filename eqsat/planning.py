@@ -6,10 +6,10 @@ Plain values in and out: a function, its frozen Options and a Signature give an 
 abstract values, so a plan can be built under any transformation of the caller.
 """
 
+import functools
 import logging
 import operator
 import threading
-import functools
 import time
 import warnings
 from collections.abc import Callable, MutableMapping
@@ -59,6 +59,7 @@ class Entry:
     # the plan being built in the background (eqsat/background.py): until it is ready this entry runs the original
     job: Future | None = None
     traced: bool = False  # a dispatch's trace runs it, so a call may have
+    captured: "Captured | None" = None  # the program its background job plans (the job holds it weakly)
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,9 @@ class Planner:
     def pending_entry(self, signature: Signature, captured: Captured, job: Future) -> Entry:
         """The entry of a signature whose plan `job` builds: the original, from the captured jaxpr."""
         why = f"{self.name}'s plan is being built in the background"
-        return self.original_entry(signature, _original(captured.closed), captured.out_tree, why, job)
+        entry = self.original_entry(signature, _original(captured.closed), captured.out_tree, why, job)
+        entry.captured = captured
+        return entry
 
     def _graph(self, closed: jcore.ClosedJaxpr, signature: Signature) -> Graph:
         """The captured graph, each input with its role and path, its sub-program bodies optimized."""

@@ -15,6 +15,7 @@ import pytest
 from jax import lax
 
 import eqsat
+from eqsat import background as eqsat_background
 from eqsat import planning
 from eqsat.__main__ import main
 from eqsat.extract import changes, report
@@ -405,17 +406,23 @@ def test_a_failure_of_eqsats_own_machinery_warns_and_runs_the_original(monkeypat
     assert "saturation broke" in fast.plan(A, V).fallback
 
 
-def test_dropping_the_optimized_frees_what_the_function_closes_over_without_gc():
-    x = jnp.ones(10)
-    f = (lambda x: lambda: x * 2)(x)
-    g = eqsat.optimize(f)
+@pytest.mark.parametrize("background", [False, True])
+def test_dropping_the_optimized_frees_what_the_function_closes_over_without_gc(background):
+    """Also while its plan waits for the planning thread (held here by a pause): the job holds it weakly."""
+    x = jnp.ones((8, 8))
+    f = (lambda x: lambda a: (a @ x) @ x)(x)
+    g = eqsat.optimize(f, background=background)
     x = weakref.ref(x)
-    g()
-    del f
-    assert x() is not None
-    g()
-    del g  # no cycle: freed by reference counting, as a jax.jit object is
-    assert x() is None
+    eqsat_background.pause()
+    try:
+        g(A[:8, :8])
+        del f
+        assert x() is not None
+        g(A[:8, :8])
+        del g  # no cycle: freed by reference counting, as a jax.jit object is
+        assert x() is None
+    finally:
+        eqsat_background.resume()
 
 
 def test_wrapped_attributes_and_callables_jax_jit_accepts_or_refuses():
