@@ -15,7 +15,7 @@ import numpy as np
 from jax._src import config  # trace_context(): what jax.jit keys its traces by besides the arguments
 from jax.core import ShapedArray
 
-from eqsat.capture import input_paths
+from eqsat.capture import input_paths, stand_ins
 from eqsat.ir import Role, Variable
 from eqsat.sample import example_like
 from eqsat.sharding import explicit_sharding
@@ -65,13 +65,17 @@ def threads_share(signature: Signature) -> bool:
 def inputs_of(fun: Callable[..., Any], signature: Signature, params_argnums: tuple[int, ...]) -> tuple[Variable, ...]:
     """Each flat leaf's role (a leaf of a parameter argument, or an argument) and its pytree path in the call."""
     positions = dynamic_positions(signature)
-    paths = input_paths(fun, signature.tree, positions)
-    indexed, _ = jax.tree_util.tree_unflatten(signature.tree, range(len(signature.avals)))
+    paths = input_paths(fun, signature.tree, signature.avals, positions)
+    args, _ = stand_ins(signature.tree, signature.avals)
     params = {i % signature.n_args for i in params_argnums} if signature.n_args else set()
-    of_params = {
-        j for pos, sub in zip(positions, indexed, strict=True) if pos in params for j in jax.tree_util.tree_leaves(sub)
-    }
-    return tuple(Variable(Role.PARAMETER if j in of_params else Role.ARGUMENT, path) for j, path in enumerate(paths))
+    # the flat leaves are the positional arguments' in order, then the keyword arguments'
+    roles = [
+        Role.PARAMETER if pos in params else Role.ARGUMENT
+        for pos, sub in zip(positions, args, strict=True)
+        for _ in jax.tree_util.tree_leaves(sub)
+    ]
+    roles += [Role.ARGUMENT] * (len(paths) - len(roles))
+    return tuple(Variable(role, path) for role, path in zip(roles, paths, strict=True))
 
 
 def dynamic_positions(signature: Signature) -> list[int]:

@@ -132,6 +132,30 @@ def test_a_callable_whose_repr_raises():
     _close(eqsat.optimize(Chain())(A, V), chain(A, V))
 
 
+@jax.tree_util.register_pytree_node_class
+class _Matrices:
+    """A pytree that checks its leaves as it is built (jax.jit rebuilds it from tracers, which have a shape)."""
+
+    def __init__(self, a, v):
+        if not (hasattr(a, "shape") and hasattr(v, "shape")):
+            raise TypeError(f"_Matrices holds arrays, got {type(a).__name__}")
+        self.a, self.v = a, v
+
+    def tree_flatten(self):
+        return (self.a, self.v), None
+
+    @classmethod
+    def tree_unflatten(cls, _, children):
+        return cls(*children)
+
+
+def test_a_pytree_that_inspects_its_leaves_is_planned():
+    fast = eqsat.optimize(lambda m: chain(m.a, m.v))
+    _close(fast(_Matrices(A, V)), chain(A, V))
+    plan = fast.plan(_Matrices(A, V))
+    assert plan.rewritten_ops() and plan.fallback is None
+
+
 def test_keyword_arguments():
     _close(_fast()(A, v=V), chain(A, V))
     _close(_fast()(a=A, v=V), chain(A, V))
