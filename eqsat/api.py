@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from jax._src import config
 
 from eqsat import background, validate
 from eqsat.backends import memory
@@ -170,7 +171,7 @@ class Optimized:
 
         def prepared(*rest: Any) -> Any:
             leaves, tree = jax.tree_util.tree_flatten(rest)
-            key = (tree, tuple(aval_key(x) for x in leaves))
+            key = (tree, tuple(aval_key(x) for x in leaves), config.trace_context())  # as a Signature is keyed
             if key not in ready:
                 ready[key] = self._prepare_signature(params, rest, params_flat)
             return ready[key](rest, leaves)

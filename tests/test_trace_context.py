@@ -65,3 +65,12 @@ def test_user_trace_context_keys_the_plan():
     with scale(3.0):
         np.testing.assert_array_equal(fast(x), [3.0, 3.0])
     np.testing.assert_array_equal(fast(x), [1.0, 1.0])
+
+
+def test_prepare_keys_its_plans_by_the_context():
+    fast = eqsat.optimize(lambda w, x: (x.astype(float) @ w) @ w / 3, params_argnums=0)
+    run = fast.prepare(np.ones((16, 16), np.float32))
+    x = np.arange(64, dtype=np.int32).reshape(4, 16)
+    assert run(x).dtype == jnp.float32
+    with jax.enable_x64(True):
+        assert run(x).dtype == jnp.float64
