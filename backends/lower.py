@@ -1,24 +1,30 @@
 """Lowering: a plan becomes a JAX function of the flat arguments, one dispatch per node."""
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
+from jax.custom_batching import custom_vmap
 
 from eqsat.extract.plan import Plan
 from eqsat.graph_walk import reachable
 
 
-def lower(plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int] = ()) -> Callable[..., list[Any]]:
-    """fn(*flat_args, *given_values) -> the values of `outputs` (default: the plan's results).
+def lower(
+    plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int] = (), watch: Sequence[int] = ()
+) -> Callable[..., list[Any]]:
+    """fn(*flat_args, *given_values) -> the values of `outputs` (default: the plan's results), then those of
+    `watch` (what an overflow guard checks).
 
     Nodes listed in `given` are read from the trailing arguments instead of computed (prepared weights);
     only the nodes the outputs need run, plus effectful ones when computing the plan's results.
     """
     graph = plan.graph
     assert graph is not None, "a plan loaded from disk has no program to lower"
-    wanted = list(plan.outputs) if outputs is None else list(outputs)
+    wanted = [*(plan.outputs if outputs is None else outputs), *watch]
     needed = _needed(plan, [*wanted, *(plan.effects if outputs is None else [])], set(given))
     input_names = {graph.nodes[i].attrs[0]: k for k, i in enumerate(graph.inputs)}
     n_args = len(graph.inputs)
@@ -54,12 +60,13 @@ def weight_boundary(plan: Plan) -> list[int]:
     return sorted(i for i in boundary if plan.nodes[i].op != "Var")  # Vars are at hand anyway
 
 
-def with_weights(plan: Plan, flat: list[Any]) -> tuple[Callable[..., list[Any]], list[Any]]:
-    """The plan as fn(*flat, *weights) and its weight-only values computed once on these arguments (none when no
-    parameters were declared: then no node is weight-only)."""
+def with_weights(plan: Plan, flat: list[Any], watch: Sequence[int] = ()) -> tuple[Callable[..., list[Any]], list[Any]]:
+    """The plan as fn(*flat, *weights) (returning the values of `watch` after its results, as `lower`) and its
+    weight-only values computed once on these arguments (none when no parameters were declared: then no node is
+    weight-only)."""
     boundary = weight_boundary(plan)
     weights = jax.jit(lower(plan, outputs=boundary))(*flat) if boundary else []
-    return lower(plan, given=boundary), weights
+    return lower(plan, given=boundary, watch=watch), weights
 
 
 def with_original_derivatives(
@@ -69,3 +76,67 @@ def with_original_derivatives(
     wrapped = jax.custom_jvp(optimized)
     wrapped.defjvp(lambda primals, tangents: jax.jvp(original, primals, tangents))
     return wrapped
+
+
+OVERFLOW_GUARD = "eqsat_overflow_guard"  # the name scope of the guard's check and fallback in the lowered program
+
+
+def overflow_guarded(
+    optimized: Callable[..., list[Any]], original: Callable[..., list[Any]], watched: int
+) -> Callable[..., list[Any]]:
+    """The results of optimized(*args), a plan lowered with `watched` values after its results (`lower`'s watch),
+    where all inexact ones of these are finite, else original(*args): decided on device in the same XLA program
+    (lax.cond: the original runs only where the plan overflowed, or where the original's own values are not
+    finite, and then gives its results). For plans that rely on rules that hold for real numbers only:
+    re-associated (A@B)@v overflows where the original does not.
+
+    Under vmap one check covers the whole batch (a custom_vmap rule): the cond of a batched predicate would
+    become a select that runs both programs. Derivatives are the plan's where it is finite, else the original's
+    (the plan's tangents computed inside the branch: outside, the other branch's zero cotangent times an
+    overflowed value would be NaN)."""
+
+    def split(values: list[Any]) -> tuple[list[Any], Any]:
+        """The results, and whether every watched inexact value is finite (None: none can overflow)."""
+        results, watch = values[: len(values) - watched], values[len(values) - watched :]
+        inexact = [v for v in watch if jnp.issubdtype(v.dtype, jnp.inexact)]
+        if not inexact:  # integers and booleans cannot overflow to inf
+            return results, None
+        return results, functools.reduce(jnp.logical_and, [jnp.all(jnp.isfinite(v)) for v in inexact])
+
+    @custom_vmap
+    def checked(*args: Any) -> list[Any]:
+        values = optimized(*args)
+        with jax.named_scope(OVERFLOW_GUARD):
+            results, finite = split(values)
+            return results if finite is None else lax.cond(finite, lambda: results, lambda: original(*args))
+
+    @checked.def_vmap
+    def _batched(axis_size: int, in_batched: list[bool], *args: Any) -> tuple[list[Any], list[bool]]:
+        axes = tuple(0 if b else None for b in in_batched)
+        run = overflow_guarded(jax.vmap(optimized, in_axes=axes), jax.vmap(original, in_axes=axes), watched)
+        results = run(*args)
+        return results, [True] * len(results)
+
+    differentiable = jax.custom_jvp(checked)  # custom_vmap has no transpose: grad would fail through it
+
+    @differentiable.defjvp
+    def _jvp(primals: tuple, tangents: tuple) -> tuple[list[Any], list[Any]]:
+        live = [i for i, t in enumerate(tangents) if t.dtype != jax.dtypes.float0]  # integer inputs have none
+
+        def jvp_of(fun: Callable[..., list[Any]]) -> Callable[[], tuple[list[Any], list[Any]]]:
+            def on(*xs: Any) -> list[Any]:
+                full = list(primals)
+                for i, x in zip(live, xs, strict=True):
+                    full[i] = x
+                return fun(*full)
+
+            return lambda: jax.jvp(on, [primals[i] for i in live], [tangents[i] for i in live])
+
+        def plan() -> tuple[list[Any], list[Any]]:
+            values, dvalues = jvp_of(optimized)()
+            return values[: len(values) - watched], dvalues[: len(values) - watched]
+
+        _, finite = split(optimized(*primals))
+        return plan() if finite is None else lax.cond(finite, plan, jvp_of(original))
+
+    return differentiable

@@ -6,6 +6,8 @@
     python -m benches.kernels --only maxpool,sumpool,grouped56,grouped7,tinybatch   # DESIGN.md §2b's single ops
     python -m benches.kernels --only transposed_gemv   # x @ W.T with W a declared parameter, timed prepared
     python -m benches.kernels --only argmax   # argmax over the last axis of 64x32000 (a vocabulary's logits)
+    python -m benches.kernels --only conv1d,conv3d,mamba_mixer,volumetric_cnn   # issue 26: convs of every rank
+    python -m benches.kernels --only transposed_decoder   # three stride-2 flax ConvTranspose, 64 channels to 128x128
 
 Per case: the ratio (jax.jit time / eqsat time) with its interquartile range; jax.jit's first call; eqsat's first
 call with an empty timing cache and again with the cache warm (the plans forgotten and made again, as a later
@@ -35,7 +37,9 @@ from eqsat.workload import Workload
 KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "ConvNeXtTiny")
 BARS = {"MobileNetV2": 6, "EfficientNetB0": 4, "MobileNetV3Small": 3, "NASNetMobile": 3, "ConvNeXtTiny": 1.8,
         "onehot": 100, "nasnet_a": 2, "mobilenetv2_train": 3, "maxpool": 1.5, "sumpool": 2, "grouped56": 1,
-        "grouped7": 1, "tinybatch": 4}  # fmt: skip
+        "grouped7": 1, "tinybatch": 4, "conv1d": 15, "conv3d": 50, "transposed_decoder": 1.3}  # fmt: skip
+# cases timed beside a hand rewrite of their slow kernels (the same run): eqsat must reach this share of its ratio
+HAND_SHARE = 2 / 3
 
 
 def _one_hot(train: bool = False) -> Workload:
@@ -80,6 +84,123 @@ def _grouped(size: int, channels: int) -> Workload:
     )
 
 
+def _shifted_depthwise(x: jax.Array, w: jax.Array, pads: list[tuple[int, int]]) -> jax.Array:
+    """The hand rewrite of a stride-1 depthwise conv (channels last, w [K..., 1, C]): a sum of shifted slices of
+    the padded input times weight rows."""
+    xp = jnp.pad(x, ((0, 0), *pads, (0, 0)))
+    out = x.shape[1:-1]
+    return sum(
+        xp[(slice(None), *(slice(k, k + n) for k, n in zip(offset, out, strict=True)))] * w[(*offset, 0)]
+        for offset in np.ndindex(*w.shape[:-2])
+    )
+
+
+def _depthwise(rank: int) -> tuple[Workload, Callable[..., Any]]:
+    """Issue 26's depthwise convs: width 4 causal over 2x1024x2560 (Mamba's temporal conv); 3x3x3 SAME over
+    1x16x32x32x64 (video, volumetric CNNs)."""
+    if rank == 1:
+        x, w, pads, dims = _normal(2, 1024, 2560), _normal(4, 1, 2560), [(3, 0)], ("NWC", "WIO", "NWC")
+    else:
+        x, w, pads, dims = (
+            _normal(1, 16, 32, 32, 64),
+            _normal(3, 3, 3, 1, 64),
+            [(1, 1)] * 3,
+            ("NDHWC", "DHWIO", "NDHWC"),
+        )
+
+    def conv(x: jax.Array, w: jax.Array) -> jax.Array:
+        return jax.lax.conv_general_dilated(
+            x, w, (1,) * rank, pads, dimension_numbers=dims, feature_group_count=x.shape[-1]
+        )
+
+    return Workload(f"conv{rank}d", conv, (x, w), (), "depthwise"), lambda x, w: _shifted_depthwise(x, w, pads)
+
+
+def _flax_model(name: str, module: Any, x: jax.Array) -> tuple[Workload, Callable[..., Any]]:
+    """A flax model, and its hand rewrite: the same model with every depthwise nn.Conv (stride 1) computed as a
+    shifted sum."""
+    import flax.linen as nn
+
+    params = module.init(jax.random.PRNGKey(0), x)
+
+    def shifted(next_fun: Callable[..., Any], args: tuple, kwargs: dict, context: Any) -> Any:
+        conv = context.module
+        if not isinstance(conv, nn.Conv) or context.method_name != "__call__" or conv.feature_group_count == 1:
+            return next_fun(*args, **kwargs)
+        kernel = conv.get_variable("params", "kernel")
+        pads = (
+            conv.padding if not isinstance(conv.padding, str) else [((k - 1) // 2, k // 2) for k in kernel.shape[:-2]]
+        )
+        y = _shifted_depthwise(args[0], kernel, list(pads))
+        return y + conv.get_variable("params", "bias") if conv.use_bias else y
+
+    def hand(params: Any, x: jax.Array) -> jax.Array:
+        with nn.intercept_methods(shifted):
+            return module.apply(params, x)
+
+    return Workload(name, module.apply, (params, x), (), "flax"), hand
+
+
+def _mamba_mixer() -> tuple[Workload, Callable[..., Any]]:
+    """A Mamba-style mixer block in flax: in-projection to 2 x 512, a causal depthwise nn.Conv of width 4 on one half,
+    SiLU, gated by SiLU of the other half, out-projection to 256; batch 2, length 1024."""
+    import flax.linen as nn
+
+    class Mixer(nn.Module):
+        width: int = 256
+        inner: int = 512
+
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            h, gate = jnp.split(nn.Dense(2 * self.inner)(x), 2, axis=-1)
+            h = nn.Conv(self.inner, (4,), padding=[(3, 0)], feature_group_count=self.inner)(h)
+            return nn.Dense(self.width)(nn.silu(h) * nn.silu(gate))
+
+    return _flax_model("mamba_mixer", Mixer(), _normal(2, 1024, 256))
+
+
+def _volumetric_cnn() -> tuple[Workload, Callable[..., Any]]:
+    """A small volumetric CNN in flax: a strided 3-D stem, two depthwise-separable 3-D blocks (3x3x3 depthwise,
+    1x1x1 pointwise) each followed by a 2x2x2 max pool, a global average and a classifier; 1x16x64x64x4."""
+    import flax.linen as nn
+
+    class Volumetric(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            x = nn.relu(nn.Conv(32, (3, 3, 3), strides=(1, 2, 2), padding="SAME")(x))
+            for channels in (32, 64):
+                x = nn.relu(nn.Conv(x.shape[-1], (3, 3, 3), padding="SAME", feature_group_count=x.shape[-1])(x))
+                x = nn.relu(nn.Conv(channels, (1, 1, 1))(x))
+                x = nn.max_pool(x, (2, 2, 2), (2, 2, 2))
+            return nn.Dense(10)(jnp.mean(x, axis=(1, 2, 3)))
+
+    return _flax_model("volumetric_cnn", Volumetric(), _normal(1, 16, 64, 64, 4))
+
+
+def _transposed_decoder() -> Workload:
+    """Three stride-2 4x4 flax ConvTranspose layers with ReLU, 64 channels, 2x16x16 up to 2x128x128."""
+    import flax.linen as nn
+
+    class Decoder(nn.Module):
+        @nn.compact
+        def __call__(self, x: jax.Array) -> jax.Array:
+            for _ in range(3):
+                x = nn.relu(nn.ConvTranspose(64, (4, 4), strides=(2, 2), padding="SAME")(x))
+            return x
+
+    x = _normal(2, 16, 16, 64)
+    return Workload("transposed_decoder", Decoder().apply, (Decoder().init(jax.random.PRNGKey(0), x), x), (), "flax")
+
+
+# issue 26's cases: each with its hand rewrite, timed against jax.jit in the same run
+WITH_HAND = {
+    "conv1d": lambda: _depthwise(1),
+    "conv3d": lambda: _depthwise(3),
+    "mamba_mixer": _mamba_mixer,
+    "volumetric_cnn": _volumetric_cnn,
+}
+
+
 def _transposed_gemv() -> Workload:
     """x @ W.T (a PyTorch-style layer), x 1x1024, W 4096x1024, the weight a declared parameter, prepared."""
     return Workload("transposed_gemv", lambda w, x: x @ w.T, (_normal(4096, 1024), _normal(1, 1024)), (0,))
@@ -95,6 +216,7 @@ SMALL = {  # DESIGN.md §2b's single ops
     ),
     "transposed_gemv": _transposed_gemv,
     "argmax": lambda: Workload("argmax", lambda x: jnp.argmax(x, axis=-1), (_normal(64, 32000),)),
+    "transposed_decoder": _transposed_decoder,
 }
 
 
@@ -111,6 +233,8 @@ def _train_step(app: str) -> Workload:
 
 
 def workload(name: str) -> Workload:
+    if name in WITH_HAND:
+        return WITH_HAND[name]()[0]
     if name in ("onehot", "onehot_train"):
         return _one_hot(train=name == "onehot_train")
     if name in SMALL:
@@ -132,7 +256,7 @@ def _first_call(fn: Callable[..., Any], args: tuple) -> float:
 
 
 def measure(name: str, seconds: float) -> dict[str, Any]:
-    work = workload(name)
+    work, hand = WITH_HAND[name]() if name in WITH_HAND else (workload(name), None)
     baseline = jax.jit(work.fn)
     jit_first = _first_call(baseline, work.args)
     fast = eqsat.optimize(work.fn)
@@ -150,6 +274,7 @@ def measure(name: str, seconds: float) -> dict[str, Any]:
     timing = (
         against_jit(work, seconds=seconds)[0] if work.params_argnums else compare(baseline, fast, work.args, seconds)
     )
+    by_hand = None if hand is None else compare(baseline, jax.jit(hand), work.args, seconds).ratio
     return {
         "case": name,
         "ratio": timing.ratio,
@@ -165,11 +290,17 @@ def measure(name: str, seconds: float) -> dict[str, Any]:
         "max_rel_diff": diff,
         "fallback": plan.fallback,
         "bar": BARS.get(name),
+        "hand_ratio": by_hand,
     }
 
 
 def _bar(row: dict[str, Any]) -> str:
-    return f"{row['bar']}x" if row["bar"] else "-"
+    """The bar, and where a hand rewrite was timed beside it its ratio and eqsat's share of it (bar: HAND_SHARE)."""
+    bar = f"{row['bar']}x" if row["bar"] else "-"
+    hand = row.get("hand_ratio")
+    if hand is None:
+        return bar
+    return f"{bar}; by hand {hand:.1f}x, eqsat {row['ratio'] / hand:.2f} of it (bar {HAND_SHARE:.2f})"
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -190,7 +321,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benches.kernels", description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="comma-separated subset of " + ",".join((*CASES, *SMALL)))
+    parser.add_argument("--only", help="comma-separated subset of " + ",".join((*CASES, *SMALL, *WITH_HAND)))
     parser.add_argument("--seconds", type=float, default=6.0, help="interleaved timing budget per case")
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--markdown", help="write the rows as a markdown table here")

@@ -76,6 +76,11 @@ def keras_mobilenetv2() -> Workload:
     return _keras_app("keras_mobilenetv2", "MobileNetV2")
 
 
+def keras_mobilenetv2_batch2() -> Workload:
+    """At the batch of the census's acceptance (issue 28): `python -m eqsat profile benches.real_models:...`."""
+    return _keras_app("keras_mobilenetv2_batch2", "MobileNetV2", batch=2)
+
+
 # --- Hugging Face transformers (Flax) ----------------------------------------------------------------
 
 

@@ -7,8 +7,8 @@ import sys
 import time
 from typing import Any
 
-from eqsat.cli import add_optimize_command, add_tune_command
-from eqsat.progress import configure_logging
+from eqsat.cli import add_common_flags, add_optimize_command, add_profile_command, add_tune_command, number
+from eqsat.progress import configure_logging, live_progress
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -23,7 +23,8 @@ def demo(args: argparse.Namespace) -> int:
         work = EXAMPLES[name](args.scale)
         prepared = " (weights declared and prepared)" if work.params_argnums else ""
         print(f"== {work.name}: {work.note}{prepared}")
-        timing, fast = against_jit(work, args.target, prepare=True, seconds=args.seconds)
+        with live_progress(None if args.progress else False):
+            timing, fast = against_jit(work, args.target, prepare=True, seconds=args.seconds)
         print(fast.plan(*work.args).summary())
         print(f"  measured         {timing}")
         print(f"  (the ratio is jax.jit time / eqsat time, same process, interleaved; target {args.target})\n")
@@ -31,23 +32,46 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def compare_plans(args: argparse.Namespace) -> int:
+    from eqsat.census import is_census
     from eqsat.extract.changes import compare
     from eqsat.extract.report import PlanFormatError, load_plan
 
+    censuses = [path for path in args.plans if is_census(path)]
+    paths = [path for path in args.plans if path not in censuses]
+    if censuses:
+        status = compare_censuses(censuses)
+        if status or not paths:
+            return status
     try:
-        plans = [load_plan(path) for path in args.plans]
+        plans = [load_plan(path) for path in paths]
     except (OSError, PlanFormatError) as error:  # a missing or malformed file: one line, not a traceback
         reason = f"{error.filename}: {error.strerror}" if isinstance(error, OSError) else str(error)
         print(f"python -m eqsat compare: error: {reason}", file=sys.stderr)
         return 2
-    compare(*plans, labels=args.plans)
+    twice = sorted({path for path in paths if paths.count(path) > 1})
+    if twice:
+        print(f"python -m eqsat compare: error: {', '.join(twice)} given twice", file=sys.stderr)
+        return 2
+    compare(*plans, labels=paths)
     if args.html:
         if len(plans) != 2:
             print("python -m eqsat compare: error: --html draws two plans against each other", file=sys.stderr)
             return 2
         from eqsat.extract.html_report import to_html
 
-        print(f"wrote {to_html(plans[0], args.html, versus=plans[1], labels=tuple(args.plans))}")
+        print(f"wrote {to_html(plans[0], args.html, versus=plans[1], labels=tuple(paths))}")
+    return 0
+
+
+def compare_censuses(paths: list[str]) -> int:
+    """Print one census, or two side by side (`python -m eqsat profile --json` saves them); 2 for more."""
+    from eqsat.census import echo, load_census, side_by_side
+
+    found = [load_census(path) for path in paths]
+    if len(found) > 2:
+        print("python -m eqsat compare: error: censuses are compared two at a time", file=sys.stderr)
+        return 2
+    echo(found[0] if len(found) == 1 else side_by_side(found[0], found[1], (paths[0], paths[1])))
     return 0
 
 
@@ -78,7 +102,7 @@ def fuzz(args: argparse.Namespace) -> int:
         if outcome.status in FAILURES:
             print(f"{outcome.status} in case {outcome.case.index}: {outcome.detail[:200]}", flush=True)
         done[0] += 1
-        if done[0] % args.every == 0:
+        if args.progress and done[0] % args.every == 0:
             print(f"{done[0]} cases, {time.strftime('%H:%M:%S')}", flush=True)
 
     def stop(signum: int, frame: Any) -> None:
@@ -93,48 +117,93 @@ def fuzz(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eqsat", description="Equality-saturation optimizer for JAX.")
-    parser.add_argument(
-        "-v", "--verbose", action="count", default=0, help="log plans as they are built (-vv: every phase, too)"
-    )
     commands = parser.add_subparsers(dest="command", required=True)
     add_optimize_command(commands)
     add_tune_command(commands)
-    p = commands.add_parser("demo", help="optimize the bundled examples and measure them against jax.jit")
+    add_profile_command(commands)
+    p = _command(
+        commands,
+        "demo",
+        "optimize the bundled examples and measure them against jax.jit",
+        "python -m eqsat demo                     # every example, planned for the cpu and measured\n"
+        "python -m eqsat demo --model matmul_chain --model conv_bn --scale small --seconds 1",
+    )
     p.add_argument("--model", action="append", help="example to run (repeatable); default: all")
     p.add_argument("--scale", default="full", choices=["full", "small"], help="problem size")
     p.add_argument("--target", default="cpu", help="device profile to plan for")
-    p.add_argument("--seconds", type=float, default=3.0, help="timing budget per example")
+    p.add_argument("--seconds", type=number(float, 0, above=True), default=3.0, help="timing budget per example")
     p.set_defaults(run=demo)
-    p = commands.add_parser("compare", help="print saved plans (JSON from extract.report.save_plan) side by side")
-    p.add_argument("plans", nargs="+", help="plan JSON files")
+    p = _command(
+        commands,
+        "compare",
+        "print saved plans (JSON from extract.report.save_plan) or censuses (profile --json) side by side",
+        "python -m eqsat compare bert_cpu.json bert_h100.json   # costs, kernels, rules, regions that differ\n"
+        "python -m eqsat compare bert_cpu.json bert_h100.json --html cpu_vs_h100.html\n"
+        "python -m eqsat compare mine.census.json theirs.census.json   # two censuses, kernel class by class",
+    )
+    p.add_argument("plans", nargs="+", help="plan JSON files, and up to two census JSON files")
     p.add_argument("--html", metavar="OUT.html", help="also write a report of two plans, region by region")
     p.set_defaults(run=compare_plans)
-    p = commands.add_parser("calibrate", help="measure this machine and write a calibrated cpu profile to the cache")
-    p.add_argument("--seconds", type=float, default=60.0, help="timing budget (compilation comes on top)")
+    p = _command(
+        commands,
+        "calibrate",
+        "measure this machine and write a calibrated cpu profile to the cache",
+        "python -m eqsat calibrate                # about a minute; target 'cpu' then plans with it\n"
+        "python -m eqsat calibrate --seconds 20 --out my_cpu.json",
+    )
+    p.add_argument(
+        "--seconds", type=number(float, 0, above=True), default=60.0, help="timing budget (compilation comes on top)"
+    )
     p.add_argument("--out", help="profile JSON to write (default: the user cache, where target 'cpu' finds it)")
     p.set_defaults(run=calibrate)
-    p = commands.add_parser("rules", help="rule tools")
+    rules_examples = (
+        "python -m eqsat rules check              # the built-in rules on random programs (about 90 s)\n"
+        "python -m eqsat rules check my_rules.egg --examples 100\n"
+        "python -m eqsat rules check --lead Conv --lead chain"
+    )
+    p = _command(commands, "rules", "rule tools", rules_examples)
     p_rules = p.add_subparsers(dest="action", required=True)
-    p = p_rules.add_parser("check", help="verify the built-in rules plus FILEs on random programs")
+    p = _command(p_rules, "check", "verify the built-in rules plus FILEs on random programs", rules_examples)
     p.add_argument("files", nargs="*", metavar="FILE", help="rule files checked together with the built-in groups")
-    p.add_argument("--examples", type=int, default=400, help="random programs to saturate and check")
+    p.add_argument("--examples", type=number(int, 1), default=400, help="random programs to saturate and check")
     p.add_argument(
         "--lead", action="append", metavar="ENTRY", help="programs led by this generator entry only (repeatable; an op "
         "name such as Conv, or a rule pattern such as chain); default: every entry"
     )  # fmt: skip
     p.set_defaults(run=rules_check)
-    p = commands.add_parser(
-        "fuzz", help="random programs through optimize under random transformations, against jax.jit"
+    p = _command(
+        commands,
+        "fuzz",
+        "random programs through optimize under random transformations, against jax.jit",
+        "python -m eqsat fuzz --n 1000 --seed 7 --jobs 2   # mismatches and crashes as they come, then a summary\n"
+        "python -m eqsat fuzz --seed 7 --only 123          # re-run case 123 of seed 7",
     )
-    p.add_argument("--n", type=int, default=200, help="cases to run")
-    p.add_argument("--seed", type=int, default=0, help="seed: case I of seed S is the same program everywhere")
-    p.add_argument("--only", type=int, help="run only case ONLY of the seed (to reproduce a failure)")
-    p.add_argument("--jobs", type=int, default=1, help="worker processes the cases are spread over")
-    p.add_argument("--every", type=int, default=100, help="print a progress line every EVERY cases")
+    p.add_argument("--n", type=number(int, 1), default=200, help="cases to run")
+    p.add_argument(
+        "--seed", type=number(int, 0), default=0, help="seed: case I of seed S is the same program everywhere"
+    )
+    p.add_argument("--only", type=number(int, 0), help="run only case ONLY of the seed (to reproduce a failure)")
+    p.add_argument("--jobs", type=number(int, 1), default=1, help="worker processes the cases are spread over")
+    p.add_argument("--every", type=number(int, 1), default=100, help="print a progress line every EVERY cases")
     p.set_defaults(run=fuzz)
+    for p in (parser, *commands.choices.values(), *p_rules.choices.values()):
+        add_common_flags(p)
+    parser.set_defaults(verbose=0, progress=True)
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
     return args.run(args)
+
+
+def _command(commands: Any, name: str, help: str, examples: str) -> argparse.ArgumentParser:
+    """A command with its help line as description and its examples below the flags."""
+    indented = "\n".join("  " + line for line in examples.splitlines())
+    return commands.add_parser(
+        name,
+        help=help,
+        description=help[0].upper() + help[1:] + ".",
+        epilog=f"examples:\n{indented}\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 if __name__ == "__main__":

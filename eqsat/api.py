@@ -5,7 +5,8 @@ jax.jit traces a signature not planned yet, the pipeline (eqsat/planning.py: cap
 lower) builds its plan from the signature's abstract values under jax's eval context, so planning never sees the
 trace (stopping the trace and calling again instead costs jax.jit's C++ fast path: a signature whose first trace
 raised stays on the Python path, 60 us a call where 4 us is usual). A plan's first use validates it
-(eqsat/validate.py).
+(eqsat/validate.py). A call that owes nothing (no plan to validate, switch to or budget, nothing traced since its
+object last settled: the shared plans' epoch has not moved) is jax.jit's call alone (benches/dispatch.py).
 
 With background=True (the default), a call's first trace of a signature runs the original, as jax.jit would,
 and the signature's plan is built, validated, timed and compiled on the planning thread (eqsat/background.py);
@@ -13,6 +14,7 @@ the calls switch to it once it is ready. Under an outer transformation (jax.grad
 for `.lower`, `.plan` and `prepare`, the plan is waited for: what they trace is kept by the caller.
 """
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -21,7 +23,7 @@ import logging
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from concurrent.futures import Future
 from pathlib import Path
@@ -29,10 +31,11 @@ from typing import Any
 
 import jax
 from jax._src import config
+from jax._src import core as jax_core  # the trace a body runs under, to tell a call on values from an outer trace
 
 from eqsat import background, validate
 from eqsat.backends import memory
-from eqsat.backends.lower import with_weights
+from eqsat.backends.lower import overflow_guarded, with_weights
 from eqsat.backends.memory import BudgetReport, MemoryReport, memory_report
 from eqsat.buckets import Bucketed, Buckets
 from eqsat.budget import check_budget
@@ -40,7 +43,7 @@ from eqsat.errors import EqsatError, EqsatWarning
 from eqsat.extract.plan import Plan
 from eqsat.ir import Role
 from eqsat.options import Options, checked, checked_option, resolve
-from eqsat.plan_cache import PerThread, SharedPlans, shared_plans
+from eqsat.plan_cache import Handoff, PerThread, SharedPlans, shared_plans
 from eqsat.planning import Captured, Entry, Planner
 from eqsat.saturate import Limits
 from eqsat.sharding import partitioned
@@ -98,34 +101,67 @@ class Optimized:
         self._pending = PerThread()  # what this thread's calls built or ran and have not settled yet
         self._dispatch = _Dispatch(self._traced, fun, options.dispatch_options(), self._plans)
         self._warm: _Dispatch | None = None  # a dispatch with a plan built in the background compiled in it
+        self._quiet: int | None = None  # the plans' epoch at which this object's calls last owed nothing
         # fun's name, doc, __wrapped__ and attributes, as jax.jit copies them, but never over our own state (fun
         # may carry a wrapped Optimized's, as jax.grad(optimize(f)) does)
         functools.update_wrapper(self, fun, updated=())
         vars(self).update({k: v for k, v in getattr(fun, "__dict__", {}).items() if k not in vars(self)})
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        epoch = self._plans.epoch
+        if self._quiet != epoch:  # something may be owed: a plan to validate, a landing, a trace
+            return self._call(args, kwargs)
+        try:
+            out = self._dispatch.run(*args, **kwargs)  # jax.jit's call, and nothing else while nothing moved
+        except BaseException:
+            self._hand_over(args, kwargs, None)
+            raise
+        if self._plans.epoch == epoch:
+            return out
+        return self._finish(args, kwargs, out, raced=True)  # it may have run a plan another thread just built
+
+    def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
+        """A call that may owe work: switch to a plan that landed, run, then settle what the run traced or ran."""
         if jax.config.jax_disable_jit:  # as jax.jit does: the function runs op by op
             return self.fun(*args, **kwargs)
         if self._dispatch.landings != self._plans.landings:  # a plan built in the background is ready to run
             self._switch_dispatch()
         # a plan not validated yet may run in this call, even one another thread builds while it runs (jax.jit's
         # trace cache is shared): then the call settles its signature's plan
-        unsettled, builds = bool(self._plans.unchecked), self._plans.builds
-        self._pending.call, out = (args, kwargs), None  # a concrete call's trace may leave its plan to the background
+        unsettled, builds, out = bool(self._plans.unchecked), self._plans.builds, None
         try:
-            out = self._dispatch.run(*args, **kwargs)  # the fast path: nothing more once a signature is planned
+            out = self._dispatch.run(*args, **kwargs)
         finally:
-            self._pending.call = None
-            if self._pending.paused:  # this call's trace left its plan to the background: planning starts once
-                self._pending.paused = False  # the call has run (jax runs it asynchronously: NASNet-A, 0.6 s)
-                try:
-                    jax.block_until_ready(out)
-                finally:
-                    background.resume()
-        raced = unsettled or builds != self._plans.builds
+            self._hand_over(args, kwargs, out)
+        return self._finish(args, kwargs, out, raced=unsettled or builds != self._plans.builds)
+
+    def _hand_over(self, args: tuple, kwargs: dict[str, Any], out: Any) -> None:
+        """Where this call's trace left its plan to the background: its arguments handed over, and planning
+        resumed once the call has run (jax runs it asynchronously: NASNet-A, 0.6 s)."""
+        handoff, self._pending.handoff = self._pending.handoff, None
+        if handoff is None:
+            return
+        handoff.call = None if self._dispatch.donates else (args, kwargs)
+        try:
+            jax.block_until_ready(out)
+        finally:
+            background.resume()
+
+    def _finish(self, args: tuple, kwargs: dict[str, Any], out: Any, raced: bool) -> Any:
+        """After a call that may owe work: settle it; where nothing is left owed, the next calls take the fast
+        path until the epoch moves again."""
+        self._hand_over(args, kwargs, out)
         if raced or self._plans.unchecked or self._unvalidated or self._unbudgeted:
-            return self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out, raced=raced)
+            out = self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out, raced=raced)
+        epoch = self._plans.epoch  # read before the checks: a move after it leaves the fast path off
+        if self._settled():
+            self._quiet = epoch
         return out
+
+    def _settled(self) -> bool:
+        """Nothing owed by any call: no plan unvalidated, none landed unseen, no budget to check."""
+        unowed = not (self._plans.unchecked or self._unvalidated or self._unbudgeted)
+        return unowed and self._dispatch.landings == self._plans.landings
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """A method decorator, as jax.jit is: the instance becomes the first argument."""
@@ -204,7 +240,11 @@ class Optimized:
             p, r = iter(params_flat), iter(rest_flat)
             return [next(p) if param else next(r) for param in is_param]
 
-        body, weights = with_weights(entry.plan, flat)
+        watch = self._planner.overflow_watch(entry.plan)
+        body, weights = with_weights(entry.plan, flat, watch)
+        if watch:  # the original, the guard's fallback, takes no prepared weights
+            original_flat, n = _inlined(entry.original), len(flat)
+            body = overflow_guarded(body, lambda *args: original_flat(*args[:n]), len(watch))
         run = jax.jit(lambda p, r, w: body(*ordered(p, r), *w))
         if self.options.limits.guard_seconds > 0:
             leaves = [x for x, param in zip(flat, is_param, strict=True) if not param]
@@ -224,10 +264,13 @@ class Optimized:
 
     def _traced(self, dispatch: _Dispatch, *args: Any, **kwargs: Any) -> Any:
         """The body `dispatch` traces: look up (or build) the plan for these abstract values and inline it."""
-        call, flat, signature = self._pending.call, *self._signature(args, kwargs)
+        if jax.config.jax_disable_jit:  # jax.jit calls its body on the values: the function runs op by op
+            return self.fun(*args, **kwargs)
+        self._plans.epoch += 1  # the call that traced settles what its trace built
+        flat, signature = self._signature(args, kwargs)
         # with background on, a call's own trace on concrete arguments (not one an outer transformation or `.lower`
         # keeps), under no context of this thread's own, may leave its plan to the planning thread
-        tiered = self.options.background and call is not None and concrete(self._signature(*call)[0])
+        tiered = self.options.background and not self._pending.staged and _called_eagerly()
         tiered = tiered and threads_share(signature)
         with jax.core.eval_context():  # planning runs on plain values, outside this trace
             entry = self._entry(signature, tiered=tiered)
@@ -244,8 +287,19 @@ class Optimized:
         if pending is not None and pending.job is not None:
             self._entry(signature)
         unsettled, builds = bool(self._plans.unchecked), self._plans.builds
-        out = stage(self._dispatch.run)
+        with self._staged():
+            out = stage(self._dispatch.run)
         return self._settle(stage, args, kwargs, out, raced=unsettled or builds != self._plans.builds)
+
+    @contextlib.contextmanager
+    def _staged(self) -> Iterator[None]:
+        """Traces in here are not a call's own (a lowering, a settling rerun): they never leave a plan to the
+        background."""
+        self._pending.staged += 1
+        try:
+            yield
+        finally:
+            self._pending.staged -= 1
 
     def _settle(
         self,
@@ -262,6 +316,12 @@ class Optimized:
         program's results for these arguments, compared as they are instead of compiling the plan again.
         `raced`: a plan was unvalidated at some point during the stage, so the stage may have run this
         signature's plan before another thread's validation of it fell back."""
+        with self._staged():
+            return self._settle_staged(stage, args, kwargs, out, results, raced)
+
+    def _settle_staged(
+        self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any], out: Any, results: Any, raced: bool
+    ) -> Any:
         if self._unbudgeted:
             entries, self._unbudgeted = self._unbudgeted, []
             compiled = self._dispatch.run.lower(*args, **kwargs).compile()
@@ -302,6 +362,13 @@ class Optimized:
         call runs, which prices weight-only work as the per-call work it is."""
         _, signature = self._signature(args, kwargs)
         return self._entry(signature, bool(self.options.params_argnums) if prepared is None else prepared).plan
+
+    def profile(self, *args: Any) -> Any:
+        """The kernel census at these arguments (eqsat/census.py): every kernel of the program timed alone against
+        its roofline, the alternatives the plan chose, the program end to end; prints as a table, saves as JSON."""
+        from eqsat import census  # a tool: the runtime never loads it
+
+        return census.profile(self, args)
 
     def memory(self, *args: Any, **kwargs: Any) -> MemoryReport:
         """Memory of the plan for these arguments: liveness, best-fit arena, lower bound, a memory-aware order
@@ -349,14 +416,13 @@ class Optimized:
         captured = self._planner.capture(signature)  # on this thread: the user's function traced as jax.jit would
         if isinstance(captured, Entry):
             return captured
-        # the call's own arguments, unless donating them deletes them after the call
-        call = None if self._dispatch.donates else self._pending.call
+        handoff = Handoff()  # the call's own arguments, once it has run, unless donating them deletes them
         background.pause()  # planning starts once this call has compiled and run the original
-        self._pending.paused = True
+        self._pending.handoff = handoff
         # the job holds the function and its program weakly (the pending entry holds the program): one dropped
         # while its plan waits is freed at once, closure and all, as jax.jit frees it
         job = background.submit(
-            functools.partial(_plan_weakly, weakref.ref(self), signature, prepared, weakref.ref(captured), call)
+            functools.partial(_plan_weakly, weakref.ref(self), signature, prepared, weakref.ref(captured), handoff)
         )
         job.add_done_callback(functools.partial(_failed, weakref.ref(self._plans)))  # keeps no plan alive
         return self._planner.pending_entry(signature, captured, job)
@@ -421,6 +487,7 @@ class Optimized:
         if not entry.validated:
             self._plans.unchecked.add(id(entry))
             self._plans.builds += 1
+            self._plans.epoch += 1  # after the entry counts as unchecked: a call that reads it sees the entry
         self._cache[key] = entry
         if self.options.memory_budget is not None:
             self._unbudgeted.append(entry)
@@ -452,6 +519,7 @@ class Optimized:
                 with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
                     flat = examples(entry.signature) if flat is None else flat
                 validate.compare(self._planner, entry, flat, got)
+                ran = None if entry.mismatched else ran  # what the call ran does not run any more
                 sharded = not entry.mismatched and partitioned(flat, entry.plan.graph)
                 if sharded and validate.keep_collectives(self._planner, entry, flat):
                     self._dispatch.reset()
@@ -478,18 +546,23 @@ def _inlined(call: Callable[..., Any]) -> Callable[..., Any]:
     return call.__wrapped__ if isinstance(call, _JITTED) else call
 
 
+def _called_eagerly() -> bool:
+    """Whether the trace running now is jax.jit's of a call on values (not under an outer transformation)."""
+    return isinstance(getattr(jax_core.trace_ctx.trace, "parent_trace", None), jax_core.EvalTrace)
+
+
 def _plan_weakly(
     optimized: "weakref.ref[Optimized]",
     signature: Signature,
     prepared: bool,
     captured: "weakref.ref[Captured]",
-    call: tuple | None,
+    handoff: Handoff,
 ) -> Entry:
     """A background job: the plan, unless the function or its pending entry was dropped while the job waited."""
     found, program = optimized(), captured()
     if found is None or program is None:
         raise background.Stopped
-    return found._background_plan(signature, prepared, program, call)
+    return found._background_plan(signature, prepared, program, handoff.call)
 
 
 def _failed(plans: "weakref.ref[SharedPlans]", job: Future) -> None:

@@ -7,7 +7,7 @@ progress event (eqsat/progress.py: each phase, saturation iteration and kernel m
 dropped, so an exit waits a second or so, never for a whole plan.
 """
 
-import atexit
+import concurrent.futures.thread  # noqa: F401 (its exit hook registered before _stop, which therefore runs first)
 import os
 import queue
 import threading
@@ -58,6 +58,12 @@ def checkpoint() -> None:
         raise Stopped
 
 
+def exiting() -> bool:
+    """On the planning thread, once the process exits: a failure now is the interpreter's shutdown (no new threads,
+    no new futures), not the plan's, and is not worth a warning."""
+    return threading.current_thread() is _worker and _stopping.is_set()
+
+
 def pause() -> None:
     """Planning waits at its next checkpoint until resume(): a first call that left its plan to the background
     compiles and runs the original without planning beside it (on two cores, that made it twice jax.jit's)."""
@@ -88,11 +94,16 @@ def _work() -> None:
         del job, future, build  # what the job holds (the optimized function) is not kept until the next one
 
 
-@atexit.register
 def _stop() -> None:
-    """Before the interpreter (and jax's backends) shut down: the plan being built stops, the thread ends."""
+    """Before the interpreter shuts down: the plan being built stops, the thread ends. It runs among threading's
+    exit hooks, which run in reverse order and before atexit's: before jax's backends go and before
+    concurrent.futures refuses new work (a plan then compiling its reference failed with "cannot schedule new
+    futures after interpreter shutdown" and warned)."""
     _stopping.set()
     _may_run.set()
     _jobs.put(None)
     if _worker is not None:
         _worker.join(_EXIT_WAIT_SECONDS)
+
+
+threading._register_atexit(_stop)  # threading's own exit hooks, as concurrent.futures registers its own

@@ -18,8 +18,9 @@ from jax._src import source_info_util  # user_frame: the first frame outside jax
 from jax.core import ShapedArray
 from jax.extend import core as jcore
 
+from eqsat.backends.kernels import conv_dimension_numbers
 from eqsat.ir import Graph, Node, Opaque, Role, Variable, Where
-from eqsat.ops import captured_as
+from eqsat.ops import ConvAttrs, PoolAttrs, captured_as
 
 INLINED = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call"}
 _INLINED_BODY_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
@@ -250,40 +251,45 @@ def _model_bcast(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[
     return "Bcast", (tuple(map(int, eqn.params["shape"])), tuple(map(int, eqn.params["broadcast_dimensions"]))), inputs
 
 
-_NHWC, _HWIO = (0, 3, 1, 2), (3, 2, 0, 1)  # (batch, feature, spatial...) specs of NHWC and HWIO arrays
+# conv_general_dilated's parameters, all of which Conv models; a parameter jax adds later keeps a conv opaque
+_CONV_PARAMS = {
+    "window_strides", "padding", "lhs_dilation", "rhs_dilation", "dimension_numbers", "feature_group_count",
+    "batch_group_count", "precision", "preferred_element_type", "out_sharding",
+}  # fmt: skip
 
 
 def _model_conv(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
-    """A 2-D conv_general_dilated as an NHWC x HWIO -> NHWC Conv (ConvBG where batch-grouped, as weight gradients
-    are); other layouts (NCHW, the HWOI kernels of input gradients, what vmap produces) get transposes around it,
-    which XLA folds, and an lhs_dilation (a strided conv's input gradient) is a Dilate of the input."""
+    """A conv_general_dilated of any rank and dimension numbers as a Conv in the table's channels-last layout
+    (backends/kernels.conv_dimension_numbers), with transposes around it where the layout differs (NCHW, the kernels
+    of gradients, what vmap produces), which XLA folds. A precision, a preferred element type or an output sharding
+    keeps it opaque: Conv would compute it otherwise."""
     p = eqn.params
-    dims = p["dimension_numbers"]
-    plain = p["precision"] is None and p["preferred_element_type"] is None and len(p["window_strides"]) == 2
-    batch_groups = p["batch_group_count"]
-    if not plain or (batch_groups > 1 and p["feature_group_count"] > 1):
+    if set(p) != _CONV_PARAMS or any(p[k] is not None for k in ("precision", "preferred_element_type", "out_sharding")):
         return None
+    if p["batch_group_count"] > 1 and p["feature_group_count"] > 1:
+        return None
+    dims = p["dimension_numbers"]
+    layout = conv_dimension_numbers(len(dims.lhs_spec))
     x, w = (
-        _to_spec(graph, node, tuple(spec), target)
-        for node, spec, target in zip(inputs, (dims.lhs_spec, dims.rhs_spec), (_NHWC, _HWIO), strict=True)
+        _to_spec(graph, node, tuple(spec), tuple(target))
+        for node, spec, target in zip(inputs, dims[:2], layout[:2], strict=True)
     )
-    dilation = tuple(int(d) for d in p["lhs_dilation"])
-    if dilation != (1, 1):
-        src = graph.nodes[x]
-        assert src.shape is not None
-        n, h, wd, c = src.shape
-        shape = (n, (h - 1) * dilation[0] + 1, (wd - 1) * dilation[1] + 1, c)
-        x = graph.add(Node("Dilate", (x,), dilation, shape, src.dtype))
-    op, groups = ("ConvBG", batch_groups) if batch_groups > 1 else ("Conv", p["feature_group_count"])
-    (pt, pb), (pl, pr) = p["padding"]
-    attrs = tuple(int(a) for a in (*p["window_strides"], pt, pb, pl, pr, *p["rhs_dilation"], groups))
-    out_spec = tuple(dims.out_spec)
-    if out_spec == _NHWC:
-        return op, attrs, [x, w]
+    attrs = ConvAttrs(
+        strides=tuple(int(s) for s in p["window_strides"]),
+        pad_low=tuple(int(lo) for lo, _ in p["padding"]),
+        pad_high=tuple(int(hi) for _, hi in p["padding"]),
+        lhs_dilation=tuple(int(d) for d in p["lhs_dilation"]),
+        rhs_dilation=tuple(int(d) for d in p["rhs_dilation"]),
+        feature_groups=int(p["feature_group_count"]),
+        batch_groups=int(p["batch_group_count"]),
+    )
+    out_spec, canonical = tuple(dims.out_spec), tuple(layout.out_spec)
+    if out_spec == canonical:
+        return "Conv", attrs, [x, w]
     out = eqn.outvars[0].aval
-    nhwc_shape = tuple(out.shape[out_spec[k]] for k in (0, 2, 3, 1))
-    conv = graph.add(Node(op, (x, w), attrs, nhwc_shape, str(out.dtype)))
-    perm = tuple(_NHWC[out_spec.index(axis)] for axis in range(4))
+    shape = tuple(out.shape[out_spec[canonical.index(axis)]] for axis in range(len(out_spec)))
+    conv = graph.add(Node("Conv", (x, w), attrs, shape, str(out.dtype)))
+    perm = tuple(canonical[out_spec.index(axis)] for axis in range(len(out_spec)))
     return "Transpose", (perm,), [conv]
 
 
@@ -305,8 +311,12 @@ def _model_pool(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[s
     p = eqn.params
     if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
         return None
-    low, high = (tuple(int(side[k]) for side in p["padding"]) for k in (0, 1))
-    attrs = (tuple(int(d) for d in p["window_dimensions"]), tuple(int(s) for s in p["window_strides"]), low, high)
+    attrs = PoolAttrs(
+        window=tuple(int(d) for d in p["window_dimensions"]),
+        strides=tuple(int(s) for s in p["window_strides"]),
+        pad_low=tuple(int(lo) for lo, _ in p["padding"]),
+        pad_high=tuple(int(hi) for _, hi in p["padding"]),
+    )
     return {"reduce_window_max": "PoolMax", "reduce_window_sum": "PoolSum"}[eqn.primitive.name], attrs, inputs
 
 

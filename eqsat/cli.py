@@ -2,6 +2,7 @@
 
 import argparse
 import importlib
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -71,6 +72,43 @@ def parse_arg_spec(text: str) -> ArgSpec:
         )
     dims = [d for d in match.group(2).replace(" ", "").split(",") if d]
     return ArgSpec(dtype, tuple(int(d) for d in dims))
+
+
+def number(kind: type[int] | type[float], least: float, *, above: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a finite number of this kind, at least `least` (or above it), so that a bad count or
+    time is an argument error that names the flag, not a traceback from where the value is used."""
+    what = f"{'a whole number' if kind is int else 'a finite number'} {'above' if above else 'of at least'} {least:g}"
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or value < least or (above and value == least):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+def add_common_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every command takes, before or after its name (only the ones given are set: main sets the
+    defaults once, so a subcommand's unset flag does not overwrite the one given before it)."""
+    common = p.add_argument_group("common flags")
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="log plans as they are built (-vv: every phase, too)",
+    )
+    common.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        default=argparse.SUPPRESS,
+        help="show no progress (the live display on a terminal, fuzz's progress lines)",
+    )
 
 
 def _import_target(target: str) -> Callable[..., Any]:
@@ -308,9 +346,15 @@ def _add_optimize_options(p: argparse.ArgumentParser, how: Any) -> None:
         choices=["greedy", "ilp", "auto"],
         help="greedy DAG, exact ILP (HiGHS) or auto: both within a time budget, the cheaper kept (default)",
     )
-    how.add_argument("--iterations", type=int, metavar="N", help="saturation iterations at most (default 12)")
-    how.add_argument("--nodes", type=int, metavar="N", help="stop saturating at this many e-nodes (default 50000)")
-    how.add_argument("--seconds", type=float, metavar="S", help="saturation time limit in seconds (default 10)")
+    how.add_argument(
+        "--iterations", type=number(int, 0), metavar="N", help="saturation iterations at most (default 12)"
+    )
+    how.add_argument(
+        "--nodes", type=number(int, 0), metavar="N", help="stop saturating at this many e-nodes (default 50000)"
+    )
+    how.add_argument(
+        "--seconds", type=number(float, 0), metavar="S", help="saturation time limit in seconds (default 10)"
+    )
     how.add_argument(
         "--no-validate", action="store_true", help="do not run the plan against the original on the example inputs"
     )
@@ -321,14 +365,11 @@ def _add_optimize_options(p: argparse.ArgumentParser, how: Any) -> None:
     out.add_argument("--memory", action="store_true", help="also print the plan's memory: liveness, arena, XLA's")
     out.add_argument(
         "--measure",
-        type=float,
+        type=number(float, 0, above=True),
         nargs="?",
         const=3.0,
         metavar="SECONDS",
         help="time the plan against jax.jit, interleaved in this process (budget default 3 s)",
-    )
-    out.add_argument(
-        "--no-progress", dest="progress", action="store_false", help="no live progress display on a terminal"
     )
     p.set_defaults(run=run_optimize)
 
@@ -346,7 +387,7 @@ def _tune(args: argparse.Namespace) -> int:
     from eqsat.extract import timing
 
     if args.import_file:
-        incoming = timing.parse(Path(args.import_file).read_text(), args.import_file)
+        incoming = timing.parse(Path(args.import_file).read_bytes(), args.import_file)
         cache = timing.cache_for(incoming.device)
         added = cache.merge(incoming)
         cache.save()
@@ -359,7 +400,7 @@ def _tune(args: argparse.Namespace) -> int:
         return 0
     if args.function is None and args.bench is None:
         for path in sorted(timing.cache_path("x").parent.glob("*.json")):
-            cache = timing.parse(path.read_text(), str(path))
+            cache = timing.parse(path.read_bytes(), str(path))
             print(f"{path}: {len(cache.entries)} timings for {cache.device} ({cache.versions})")
         return 0
     return _warm(args)
@@ -368,6 +409,7 @@ def _tune(args: argparse.Namespace) -> int:
 def _warm(args: argparse.Namespace) -> int:
     import eqsat
     from eqsat import progress
+    from eqsat.extract import timing
     from eqsat.extract.cost import load_profile
 
     try:
@@ -378,6 +420,8 @@ def _warm(args: argparse.Namespace) -> int:
     limits = eqsat.Limits(measure_seconds=args.budget, timing_transfer=0)  # measured at these very shapes
     with progress.live_progress(None if args.progress else False):
         plan = eqsat.optimize(work.fn, target=args.target, limits=limits, validate=False).plan(*work.args)
+    if profile.timing_device:  # what the command is for: an error where the cache cannot be written
+        timing.cache_for(profile.timing_device).save()
     stats = plan.stats
     print(
         f"{work.name}: timing cache for {profile.timing_device or '(none: this profile names no device)'}: "
@@ -402,11 +446,69 @@ def add_tune_command(commands: Any) -> None:
     )
     _add_what(p, "tune")
     p.add_argument("--target", default="cpu", help="device profile whose timing cache to warm (default: cpu)")
-    p.add_argument("--budget", type=float, default=60.0, help="seconds of measuring at most (default 60)")
+    p.add_argument("--budget", type=number(float, 0), default=60.0, help="seconds of measuring at most (default 60)")
     p.add_argument("--export", dest="export_file", metavar="FILE", help="write a device's timing cache to FILE")
     p.add_argument("--device", help="the device to export (default: this one), as the cache names it")
     p.add_argument("--import", dest="import_file", metavar="FILE", help="merge a timing cache file into the cache")
-    p.add_argument(
-        "--no-progress", dest="progress", action="store_false", help="no live progress display on a terminal"
-    )
     p.set_defaults(run=run_tune)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """The profile command: the kernel census of one function (eqsat/census.py)."""
+    try:
+        return _profile(args)
+    except (UsageError, EqsatError, OSError) as error:
+        print(f"python -m eqsat profile: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _profile(args: argparse.Namespace) -> int:
+    import eqsat
+    from eqsat import census, progress
+    from eqsat.extract import html_report
+    from eqsat.extract.cost import load_profile
+
+    try:
+        load_profile(args.target)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    work = workload(args)
+    with progress.live_progress(None if args.progress else False):
+        fast = eqsat.optimize(work.fn, target=args.target, background=False)
+        found = census.profile(fast, work.args, budget=args.budget, seconds=args.seconds)
+    found.name = work.name
+    census.echo(found)
+    if args.json:
+        print(f"wrote {found.save(args.json)}")
+    if args.html:
+        print(f"wrote {html_report.to_html(fast.plan(*work.args, prepared=False), args.html, census=found)}")
+    return 0
+
+
+def add_profile_command(commands: Any) -> None:
+    """Register `profile` on the CLI's subparsers."""
+    p = commands.add_parser(
+        "profile",
+        help="the kernel census: every kernel of a function timed alone against its roofline, and what eqsat chose",
+        description="Time every distinct kernel of the function's program alone on this device (through the timing "
+        "cache: kernels measured before cost nothing), set each against its roofline price, name the alternatives "
+        "its e-class holds and the one the plan runs, and time the original and the plan end to end. Sorted by the "
+        "time lost against the roofline.",
+        epilog="examples:\n  python -m eqsat profile mypkg.model:forward --args f32[2,224,224,3] --json census.json\n"
+        "  python -m eqsat profile --bench resnext50 --scale small --html census.html",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_what(p, "profile")
+    p.add_argument("--target", default="cpu", help="device profile whose roofline prices the kernels (default: cpu)")
+    p.add_argument(
+        "--budget", type=number(float, 0), default=30.0, help="seconds of measuring new kernels at most (default 30)"
+    )
+    p.add_argument(
+        "--seconds",
+        type=number(float, 0),
+        default=2.0,
+        help="seconds timing the program end to end (default 2; 0: the kernels alone, nothing compiled whole)",
+    )
+    p.add_argument("--json", metavar="OUT.json", help="save the census (eqsat.census.load_census reads it)")
+    p.add_argument("--html", metavar="OUT.html", help="the plan's report with the census drawn as a chart")
+    p.set_defaults(run=run_profile)

@@ -332,6 +332,8 @@ def run_case(case: Case) -> Outcome:
         _compare(reference_fn, args, expected, got["transformed"], "transformed call"),
         _compare(jax.jit(fun), _unbatched(args, transform), eager, got["eager"], "eager call"),
     ]
+    if any(e.plan.overflow_guard or e.plan.stats.get("bodies_rewritten") for e in list(fast._cache.values())):
+        problems += _at_extreme_magnitudes(case, fun, args, transform, options, reference_fn)
     problem = next(filter(None, problems), None)
     if internal:
         outcome.status, outcome.detail = "internal", internal[0][:600]
@@ -339,6 +341,27 @@ def run_case(case: Case) -> Outcome:
         outcome.status, outcome.detail = "mismatch", problem
     outcome.seconds = _since(start)
     return outcome
+
+
+def _at_extreme_magnitudes(
+    case: Case, fun: Callable[..., Any], args: tuple, transform: str, options: dict[str, Any], reference_fn: Any
+) -> list[str | None]:
+    """Both calls again on the arguments each scaled by a large or tiny magnitude (1e30, 1e11, 1e-30 in float32):
+    a plan that relies on rules marked `; @real` (re-association, distributivity) must not overflow where jax.jit
+    does not. The plans are the ones already made (optimize() of the same function shares them)."""
+    if case.program.dtype == "int32":
+        return []
+    top = float(jnp.finfo(case.program.dtype).max)
+    leaves, tree = jax.tree.flatten(args)
+    factors = np.random.default_rng(case.data_seed).choice([top**0.8, top**0.3, top**-0.8], len(leaves))
+    scaled = jax.tree.unflatten(tree, [x * jnp.asarray(f, x.dtype) for x, f in zip(leaves, factors, strict=True)])
+    _, calls = _optimized_calls(fun, scaled, transform, options)
+    got = {name: call() for name, call in calls}
+    plain = _unbatched(scaled, transform)
+    return [
+        _compare(reference_fn, scaled, reference_fn(*scaled), got["transformed"], "transformed call, scaled"),
+        _compare(jax.jit(fun), plain, jax.jit(fun)(*plain), got["eager"], "eager call, scaled"),
+    ]
 
 
 def _unbatched(args: tuple, transform: str) -> tuple:

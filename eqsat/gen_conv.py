@@ -13,8 +13,11 @@ from jax import lax
 from eqsat.gen_algebra import dot, row
 from eqsat.program import DrawFn, Program, Shape, dims
 
+# channels-last dimension numbers of 1, 2 and 3 spatial axes
+LAYOUTS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
 
-def _conv_fn(strides: Shape, pad: str, dilation: Shape, groups: int) -> Callable[[Any, Any], Any]:
+
+def _conv_fn(strides: Shape, pad: Any, dilation: Shape, groups: int) -> Callable[[Any, Any], Any]:
     def conv(x: Any, k: Any) -> Any:
         return lax.conv_general_dilated(
             x,
@@ -22,7 +25,7 @@ def _conv_fn(strides: Shape, pad: str, dilation: Shape, groups: int) -> Callable
             strides,
             pad,
             rhs_dilation=dilation,
-            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            dimension_numbers=LAYOUTS[len(strides)],
             feature_group_count=groups,
         )
 
@@ -32,29 +35,34 @@ def _conv_fn(strides: Shape, pad: str, dilation: Shape, groups: int) -> Callable
 def _conv_params(
     draw: DrawFn, prog: Program, x: int, groups: int, strided: bool = False
 ) -> tuple[Shape, Callable[[Any, Any], Any], str]:
-    """A kernel shape that fits x's spatial size (no empty outputs) and the conv, with its label; `strided`: a
-    stride of 2 along H at least."""
-    _, h, w, cin = prog.shapes[x]
-    kh, kw = draw(st.integers(1, min(3, h))), draw(st.integers(1, min(3, w)))
-    dilation = (draw(st.integers(1, 2)) if 2 * (kh - 1) < h else 1, 1)
-    strides = (draw(st.integers(1 + strided, 2)), draw(st.integers(1, 2)))
-    pad = draw(st.sampled_from(["VALID", "SAME"]))
+    """A kernel shape that fits x's spatial size (no empty outputs) and the conv of x's rank, with its label;
+    `strided`: a stride of 2 along the first spatial axis at least. Padding is VALID, SAME or causal (all of a
+    window's padding before the first element, as temporal convs have)."""
+    _, *spatial, cin = prog.shapes[x]
+    kernel = [draw(st.integers(1, min(3, n))) for n in spatial]
+    dilation = (draw(st.integers(1, 2)) if 2 * (kernel[0] - 1) < spatial[0] else 1, *(1,) * (len(spatial) - 1))
+    strides = (draw(st.integers(1 + strided, 2)), *(draw(st.integers(1, 2)) for _ in spatial[1:]))
+    pad = draw(st.sampled_from(["VALID", "SAME", "causal"]))
+    if pad == "causal":
+        pad = [(d * (k - 1), 0) for k, d in zip(kernel, dilation, strict=True)]
     label = f"conv[strides={strides} {pad} dilation={dilation} groups={groups}]"
-    return (kh, kw, cin // groups, groups * draw(st.integers(1, 3))), _conv_fn(strides, pad, dilation, groups), label
+    kernel_shape = (*kernel, cin // groups, groups * draw(st.integers(1, 3)))
+    return kernel_shape, _conv_fn(strides, pad, dilation, groups), label
+
+
+def _conv_shape(draw: DrawFn, channels: int) -> Shape:
+    """A fresh conv input of 1, 2 or 3 spatial axes (small ones when there are three)."""
+    rank = draw(st.sampled_from([1, 2, 2, 3]))
+    return (draw(st.integers(1, 2)), *dims(draw, rank, 3, 7 if rank < 3 else 4), channels)
 
 
 def _conv_input(draw: DrawFn, prog: Program, groups: int) -> int:
-    fresh = (
-        draw(st.integers(1, 2)),
-        draw(st.integers(3, 6)),
-        draw(st.integers(3, 6)),
-        groups * draw(st.integers(1, 3)),
-    )
-    return prog.pick(draw, lambda s: len(s) == 4 and s[3] % groups == 0 and min(s) > 0, fresh)
+    fresh = _conv_shape(draw, groups * draw(st.integers(1, 3)))
+    return prog.pick(draw, lambda s: 3 <= len(s) <= 5 and s[-1] % groups == 0 and min(s) > 0, fresh)
 
 
 def _gen_conv(draw: DrawFn, prog: Program) -> int:
-    """NHWC x HWIO convolution with random strides, padding, dilation and groups."""
+    """A channels-last convolution of 1-3 spatial axes with random strides, padding, dilation and groups."""
     groups = draw(st.sampled_from([1, 1, 2]))
     x = _conv_input(draw, prog, groups)
     kernel, conv, label = _conv_params(draw, prog, x, groups)
@@ -63,17 +71,17 @@ def _gen_conv(draw: DrawFn, prog: Program) -> int:
 
 def _gen_depthwise(draw: DrawFn, prog: Program) -> int:
     """A depthwise conv (groups = input channels, a channel multiplier of 1-2): what kernel selection rewrites."""
-    x = prog.fresh((draw(st.integers(1, 2)), draw(st.integers(3, 7)), draw(st.integers(3, 7)), draw(st.integers(1, 4))))
-    channels = prog.shapes[x][3]
+    x = prog.fresh(_conv_shape(draw, draw(st.integers(1, 4))))
+    channels = prog.shapes[x][-1]
     kernel, conv, label = _conv_params(draw, prog, x, channels)
-    kernel = (*kernel[:3], channels * draw(st.integers(1, 2)))
+    kernel = (*kernel[:-1], channels * draw(st.integers(1, 2)))
     return prog.apply(label, conv, x, prog.pick(draw, lambda s: s == kernel, kernel))
 
 
 def _gen_grouped(draw: DrawFn, prog: Program) -> int:
     """A grouped conv with 2-3 input channels per group: what kernel selection computes as stacked patches."""
     groups, per_group = draw(st.integers(2, 3)), draw(st.integers(2, 3))
-    x = prog.fresh((draw(st.integers(1, 2)), draw(st.integers(3, 6)), draw(st.integers(3, 6)), groups * per_group))
+    x = prog.fresh(_conv_shape(draw, groups * per_group))
     kernel, conv, label = _conv_params(draw, prog, x, groups)
     return prog.apply(label, conv, x, prog.fresh(kernel))
 
@@ -107,8 +115,8 @@ def _gen_conv_grad(draw: DrawFn, prog: Program, wrt: str, depthwise: bool) -> in
     gradient (wrt="w"), a batch-grouped conv, as jax transposes a conv (of a depthwise one if `depthwise`): the
     convs of a training step's backward pass."""
     if depthwise:
-        x = prog.fresh((draw(st.integers(1, 2)), *dims(draw, 2, 3, 7), draw(st.integers(1, 4))))
-        groups = prog.shapes[x][3]
+        x = prog.fresh(_conv_shape(draw, draw(st.integers(1, 4))))
+        groups = prog.shapes[x][-1]
     else:
         groups = 2
         x = _conv_input(draw, prog, groups)
@@ -123,6 +131,23 @@ def _gen_conv_grad(draw: DrawFn, prog: Program, wrt: str, depthwise: bool) -> in
         k = prog.pick(draw, lambda s: s == kernel, kernel)
         return prog.apply(f"input_grad_{label}", lambda k, g: transposed(lambda v: conv(v, k), x_shape, g), k, g)
     return prog.apply(f"weight_grad_{label}", lambda v, g: transposed(lambda k: conv(v, k), kernel, g), x, g)
+
+
+def _gen_transposed(draw: DrawFn, prog: Program) -> int:
+    """lax.conv_transpose of 1-3 spatial axes, stride 2 or 3, VALID or SAME: an lhs-dilated conv, what kernel
+    selection computes as its phases."""
+    x = _conv_input(draw, prog, 1)
+    _, *spatial, channels = prog.shapes[x]
+    strides = tuple(draw(st.integers(2, 3)) for _ in spatial)
+    kernel = (*(draw(st.integers(1, 4)) for _ in spatial), channels, draw(st.integers(1, 3)))
+    padding = draw(st.sampled_from(["VALID", "SAME"]))
+    dims = LAYOUTS[len(spatial)]
+    return prog.apply(
+        f"conv_transpose[strides={strides} {padding}]",
+        lambda v, k: lax.conv_transpose(v, k, strides, padding, dimension_numbers=dims),
+        x,
+        prog.pick(draw, lambda s: s == kernel, kernel),
+    )
 
 
 def _gen_one_hot(draw: DrawFn, prog: Program, use: str) -> int:
@@ -154,10 +179,10 @@ def _gen_sibling_convs(draw: DrawFn, prog: Program) -> int:
     """Two convs of one input with one window, kept apart or concatenated on channels: conv-merge patterns."""
     x = _conv_input(draw, prog, 1)
     kernel, conv, label = _conv_params(draw, prog, x, 1)
-    other = (*kernel[:3], draw(st.integers(1, 3)))
+    other = (*kernel[:-1], draw(st.integers(1, 3)))
     a, b = prog.apply(label, conv, x, prog.fresh(kernel)), prog.apply(label, conv, x, prog.fresh(other))
     if draw(st.booleans()):
-        return prog.apply("concat3", lambda p, q: lax.concatenate([p, q], 3), a, b)
+        return prog.apply("concat_channels", lambda p, q: lax.concatenate([p, q], p.ndim - 1), a, b)
     return b
 
 
@@ -209,9 +234,10 @@ CONV: dict[str, Callable[[DrawFn, Program], int]] = {
     "ShiftConv": _gen_depthwise,
     "PatchConv": _gen_grouped,
     **{f"Pool{kind.title()}{sliced}": _pool(kind) for kind in ("max", "sum") for sliced in ("", "Sliced")},
-    "Dilate": lambda draw, prog: _gen_conv_grad(draw, prog, "x", depthwise=draw(st.booleans())),
-    "ConvBG": lambda draw, prog: _gen_conv_grad(draw, prog, "w", depthwise=False),
+    "conv-input-grad": lambda draw, prog: _gen_conv_grad(draw, prog, "x", depthwise=draw(st.booleans())),
+    "conv-weight-grad": lambda draw, prog: _gen_conv_grad(draw, prog, "w", depthwise=False),
     "ShiftConvBG": lambda draw, prog: _gen_conv_grad(draw, prog, "w", depthwise=True),
+    "PhaseConv": _gen_transposed,
     "OneHot": lambda draw, prog: _gen_one_hot(draw, prog, ""),
     "Take": lambda draw, prog: _gen_one_hot(draw, prog, "table"),
     "ScatterRows": lambda draw, prog: _gen_one_hot(draw, prog, "gradient"),

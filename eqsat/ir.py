@@ -64,6 +64,8 @@ class Graph:
     consts: dict[str, np.ndarray] = field(default_factory=dict)  # Var name -> value
     opaque: list[Opaque] = field(default_factory=list)
     bodies_rewritten: int = 0  # opaque calls (scan, while, cond, remat) whose bodies eqsat re-planned
+    stored_bodies: list[str] = field(default_factory=list)  # keys of the body plans kept from other processes
+    real_bodies: dict[int, list[str]] = field(default_factory=dict)  # opaque call -> @real rules its bodies rely on
     where: dict[int, Where] = field(default_factory=dict)  # node -> its equation's place (helper nodes share it)
     variables: dict[str, Variable] = field(default_factory=dict)  # Var name -> its role and path
 

@@ -17,6 +17,15 @@ class Comparison:
     ratio_low: float  # 25th percentile of the per-round ratios
     ratio_high: float  # 75th percentile
     rounds: int
+    faster_rounds: int  # rounds in which the candidate was faster
+
+    @classmethod
+    def of(cls, base: list[float], cand: list[float], ratios: list[float]) -> "Comparison":
+        """The comparison of rounds timed in pairs (seconds per call of each, and baseline/candidate ratios)."""
+        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        faster = sum(r > 1 for r in ratios)
+        median = statistics.median
+        return cls(median(base), median(cand), median(ratios), quartiles[0], quartiles[2], len(ratios), faster)
 
     def __str__(self) -> str:
         return (
@@ -54,11 +63,13 @@ def compare(
     round_seconds: float = 0.02,
     warm: bool = False,
     min_rounds: int = 5,
+    decided: Callable[[list[float]], bool] | None = None,
 ) -> Comparison:
     """Interleave baseline and candidate rounds (order alternating) until `seconds` have passed, each round of at
     least `round_seconds` (20 ms keeps the timer's noise small) and at least `min_rounds`. `warm`: both have run
     on these arguments already, so no call is spent compiling them; a probe of one call each is the first round
-    where one call fills a round (a model of 0.6 s a call measured in 5 rounds, not 7)."""
+    where one call fills a round (a model of 0.6 s a call measured in 5 rounds, not 7). `decided(ratios)`: stop
+    as soon as it holds (min_rounds still run), a sequential test's stopping rule."""
     if not warm:
         jax.block_until_ready(baseline(*args))
         jax.block_until_ready(candidate(*args))
@@ -70,17 +81,9 @@ def compare(
         cand.append(probes[1])
         ratios.append(probes[0] / max(probes[1], 1e-9))
     deadline = time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(ratios) < min_rounds:
+    while len(ratios) < min_rounds or (time.perf_counter() < deadline and not (decided and decided(ratios))):
         pair = [(baseline, base), (candidate, cand)]
         for fn, sink in pair if len(ratios) % 2 == 0 else reversed(pair):
             sink.append(_time_once(fn, args, repeat))
         ratios.append(base[-1] / cand[-1])
-    quartiles = statistics.quantiles(ratios, n=4)
-    return Comparison(
-        statistics.median(base),
-        statistics.median(cand),
-        statistics.median(ratios),
-        quartiles[0],
-        quartiles[2],
-        len(ratios),
-    )
+    return Comparison.of(base, cand, ratios)

@@ -7,18 +7,19 @@ their parameters become its attributes), and which attributes `rules check` may 
 prelude, the cost model, lowering and `rules check` all read this table; a new op is one entry.
 """
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache, partial
+from functools import lru_cache
 from math import prod
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from eqsat.backends import kernels
 
 Shape = tuple[int, ...]
 
@@ -99,12 +100,25 @@ class OpSpec:
     # (attrs, input shapes) -> what siblings reading the same first input must share for a merge rule to join
     # them (their place among those siblings goes to egglog: see encode.prelude); None: not mergeable
     merge_key: Callable[[tuple, list[Shape | None]], tuple | None] | None = None
+    # the attributes' names: a NamedTuple of them, which lowering receives, and egglog and JSON attributes are read
+    # back as (None: the attributes are a plain tuple)
+    attributes: type[tuple] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_class", CostClass(self.cost_class))
         unknown = [sort for sort in self.attrs if sort not in SORTS]
         if unknown:
             raise ValueError(f"op {self.name}: attribute sort(s) {unknown} unknown; the sorts are {sorted(SORTS)}")
+        fields = getattr(self.attributes, "_fields", None)
+        if self.attributes is not None and (fields is None or len(fields) != len(self.attrs)):
+            raise ValueError(f"op {self.name}: its attributes' NamedTuple must name its {len(self.attrs)} attributes")
+        if self.attributes is not None and self.lower is not None:
+            lower, named = self.lower, self.attributes
+            object.__setattr__(self, "lower", lambda attrs, *inputs: lower(named(*attrs), *inputs))
+
+    def named(self, attrs: tuple | list) -> tuple:
+        """attrs as this op's NamedTuple of them (a plain tuple where it has none)."""
+        return tuple(attrs) if self.attributes is None else self.attributes(*attrs)
 
     def sorts(self, attrs: tuple | list) -> list[Sort]:
         if len(attrs) != len(self.attrs):
@@ -113,7 +127,7 @@ class OpSpec:
 
     def attrs_from_egraph(self, values: tuple) -> tuple:
         """Attributes read back from a serialized e-graph (once per e-node, so without the checks of `value`)."""
-        return tuple(sort.python(v) for sort, v in zip(self.sorts(values), values, strict=True))
+        return self.named([sort.python(v) for sort, v in zip(self.sorts(values), values, strict=True)])
 
     def attrs_to_egglog(self, attrs: tuple) -> list[str]:
         return [sort.to_egglog(sort.value(a)) for sort, a in zip(self.sorts(attrs), attrs, strict=True)]
@@ -122,7 +136,7 @@ class OpSpec:
         return [sort.to_json(sort.value(a)) for sort, a in zip(self.sorts(attrs), attrs, strict=True)]
 
     def attrs_from_json(self, values: list[Any]) -> tuple:
-        return tuple(sort.from_json(v) for sort, v in zip(self.sorts(values), values, strict=True))
+        return self.named([sort.from_json(v) for sort, v in zip(self.sorts(values), values, strict=True)])
 
     @property
     def structural(self) -> bool:
@@ -194,97 +208,27 @@ def _batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
     return lax.dot_general(a, b, (((a.ndim - 1,), (a.ndim - 2,)), (batch, batch)))
 
 
-CONV_DIMS = ("NHWC", "HWIO", "NHWC")
+class ConvAttrs(NamedTuple):
+    """A convolution's attributes, of any rank (a tuple has one entry per spatial axis): lax.conv_general_dilated's
+    parameters, its operands in the table's layout (backends/kernels.conv_dimension_numbers: x (batch, spatial...,
+    features), w (spatial..., in, out), the output as x)."""
+
+    strides: Shape
+    pad_low: Shape  # negative crops
+    pad_high: Shape
+    lhs_dilation: Shape  # zeros between the input's neighbours: transposed convs, strided convs' input gradients
+    rhs_dilation: Shape  # the kernel's (atrous convs)
+    feature_groups: int
+    batch_groups: int  # weight gradients of grouped convs; at most one of the two counts is above 1
 
 
-def _conv(attrs: tuple, x: Any, w: Any, group_param: str = "feature_group_count") -> Any:
-    """Conv, or with group_param="batch_group_count" ConvBG (a grouped conv's weight gradient: batch group g of x
-    feeds output group g)."""
-    sh, sw, pt, pb, pl, pr, dh, dw, groups = attrs
-    return lax.conv_general_dilated(
-        x,
-        w,
-        (sh, sw),
-        ((pt, pb), (pl, pr)),
-        rhs_dilation=(dh, dw),
-        dimension_numbers=CONV_DIMS,
-        **{group_param: groups},
-    )
+class PoolAttrs(NamedTuple):
+    """A window reduction's attributes, one entry per axis of its input (1 on the batch and channel axes)."""
 
-
-def _repeated_channels(x: Any, out_channels: int) -> Any:
-    """NHWC x with each channel repeated out_channels / C times: with a channel multiplier m, output channel o
-    reads input channel o // m."""
-    n, h, wd, channels = x.shape
-    if out_channels == channels:
-        return x
-    m = out_channels // channels
-    return lax.reshape(lax.broadcast_in_dim(x, (n, h, wd, channels, m), (0, 1, 2, 3)), (n, h, wd, out_channels))
-
-
-def _accumulating(x: Any) -> Any:
-    """x in the dtype sums accumulate in: bf16/f16 accumulate in f32, as XLA's conv kernels do."""
-    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
-
-
-def _spatially_padded(x: Any, pads: tuple[int, int, int, int]) -> Any:
-    pt, pb, pl, pr = pads
-    return lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), (pt, pb, 0), (pl, pr, 0), (0, 0, 0)])
-
-
-def _shifted_conv(attrs: tuple, x: Any, w: Any) -> Any:
-    """A depthwise convolution (one input channel per group) as a sum of shifted, strided slices of the padded
-    input times weight rows: XLA fuses it into one loop, where XLA:CPU's depthwise kernel runs far below roofline."""
-    kh, kw, _, out_channels = w.shape
-    xa = _accumulating(_repeated_channels(x, out_channels))
-    total = None
-    for (i, j), tap in _conv_taps(attrs, xa, kh, kw):
-        tap = tap * w[i, j, 0].astype(xa.dtype)
-        total = tap if total is None else total + tap
-    return total.astype(x.dtype)
-
-
-def _conv_taps(attrs: tuple, x: Any, kh: int, kw: int) -> list[tuple[tuple[int, int], Any]]:
-    """The kernel offsets (i, j) of an NHWC conv with these attributes, each with the strided slice of the padded
-    input it multiplies: [n, ho, wo, channels]."""
-    sh, sw, pt, pb, pl, pr, dh, dw, _groups = attrs
-    xp = _spatially_padded(x, (pt, pb, pl, pr))
-    ho = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
-    wo = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
-    taps = []
-    for i in range(kh):
-        for j in range(kw):
-            limit = (x.shape[0], i * dh + sh * (ho - 1) + 1, j * dw + sw * (wo - 1) + 1, x.shape[3])
-            taps.append(((i, j), lax.slice(xp, (0, i * dh, j * dw, 0), limit, (1, sh, sw, 1))))
-    return taps
-
-
-def _shifted_conv_bg(attrs: tuple, x: Any, w: Any) -> Any:
-    """A ConvBG with one batch row per group, the weight gradient of a depthwise conv, as one fused
-    multiply-reduction per output position. In canonical terms x is (C, H, W, N) (the forward input, batch and
-    channels swapped) and w (kh', kw', N, O) (the output cotangent); out[0, i, j, o] = sum over n, h, v of
-    xpad[n, i*sh + h*dh, j*sw + v*dw, o // m] * g[n, h, v, o], m = O / C. XLA:CPU's batch-grouped kernel is as slow
-    as its depthwise one."""
-    sh, sw, pt, pb, pl, pr, dh, dw, _groups = attrs
-    kh, kw, n, out_channels = w.shape
-    nhwc = lax.transpose(x, (3, 1, 2, 0))
-    xp = _spatially_padded(_accumulating(_repeated_channels(nhwc, out_channels)), (pt, pb, pl, pr))
-    g = lax.transpose(w, (2, 0, 1, 3)).astype(xp.dtype)  # (N, kh', kw', O)
-    ho = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
-    wo = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
-    rows = []
-    for i in range(ho):
-        for j in range(wo):
-            start = (0, i * sh, j * sw, 0)
-            limit = (n, i * sh + dh * (kh - 1) + 1, j * sw + dw * (kw - 1) + 1, out_channels)
-            rows.append(lax.reduce_sum(lax.slice(xp, start, limit, (1, dh, dw, 1)) * g, (0, 1, 2)))
-    return lax.reshape(jnp.stack(rows), (1, ho, wo, out_channels)).astype(x.dtype)
-
-
-def _dilate(attrs: tuple, x: Any) -> Any:
-    """NHWC x with (dh - 1, dw - 1) zeros between neighbouring rows and columns: a conv's lhs_dilation."""
-    dh, dw = attrs
-    return lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), (0, 0, dh - 1), (0, 0, dw - 1), (0, 0, 0)])
+    window: Shape
+    strides: Shape
+    pad_low: Shape
+    pad_high: Shape
 
 
 def _one_hot(attrs: tuple, ids: Any) -> Any:
@@ -292,39 +236,10 @@ def _one_hot(attrs: tuple, ids: Any) -> Any:
     return jax.nn.one_hot(ids, depth, dtype=dtype)
 
 
-def _take_rows(_attrs: tuple, table: Any, ids: Any) -> Any:
-    """Rows of `table` by index, zero where the index is out of range: what one_hot(ids) @ table computes."""
-    rows = jnp.take(table, ids, axis=0, mode="fill", fill_value=0)
-    return jnp.where((ids >= 0)[..., None], rows, jnp.zeros((), table.dtype))
-
-
-def _scatter_rows(attrs: tuple, rows: Any, ids: Any) -> Any:
-    """A zero table of `depth` rows with rows[n] added into row ids[n]: what one_hot(ids, depth).T @ rows computes,
-    an embedding's gradient. An id outside [0, depth) adds nothing, as its one-hot row is all zeros; jnp's indexing
-    would wrap a negative one, so every such id is sent past the end, where mode="drop" drops it."""
-    (depth,) = attrs
-    table = jnp.zeros((depth, *rows.shape[1:]), rows.dtype)
-    return table.at[jnp.where((ids >= 0) & (ids < depth), ids, depth)].add(rows, mode="drop")
-
-
 def _arg_reduce(attrs: tuple, x: Any) -> Any:
     """(ArgReduce kind axis index_dtype x): jnp.argmax / jnp.argmin along one axis (lax.argmax / lax.argmin)."""
     kind, axis, index_dtype = attrs
     return (lax.argmax if kind == "max" else lax.argmin)(x, axis, np.dtype(index_dtype))
-
-
-def _masked_arg_reduce(attrs: tuple, x: Any) -> Any:
-    """The same index as the first position holding the max (min): a max, then a min of the positions equal to it,
-    two fused reductions where XLA:CPU's one (value, index) reduction runs 6-10x slower (benches/RESULTS.md). A NaN
-    is the extreme, as for lax.argmax: the max is then NaN, and the first NaN's position is taken."""
-    kind, axis, index_dtype = attrs
-    extreme = (lax.reduce_max if kind == "max" else lax.reduce_min)(x, (axis,))
-    hit = x == lax.broadcast_in_dim(extreme, x.shape, tuple(d for d in range(x.ndim) if d != axis))
-    if jnp.issubdtype(x.dtype, jnp.inexact):
-        hit = hit | (x != x)
-    positions = lax.broadcasted_iota(np.dtype(index_dtype), x.shape, axis)
-    past_end = lax.full(x.shape, x.shape[axis], np.dtype(index_dtype))
-    return lax.reduce_min(lax.select(hit, positions, past_end), (axis,))
 
 
 def _batch_dot_shape_rules(name: str) -> tuple[str, ...]:
@@ -337,66 +252,41 @@ def _batch_dot_shape_rules(name: str) -> tuple[str, ...]:
     )
 
 
-def _window_room(size: str, pad_a: str, pad_b: str, kernel: str, dilation: str) -> str:
-    """egglog text of size + pads - (dilation*(kernel-1) + 1): how far the window can slide, >= 0 when it fits."""
-    return f"(- (+ {size} (+ {pad_a} {pad_b})) (+ (* {dilation} (- {kernel} 1)) 1))"
-
-
-_FEATURE_GROUPS = ("(= (vec-get sa 3) (* k8 (vec-get sb 2)))", "(vec-get sa 0)")
-# batch groups: x's batch splits into k8 groups (one row each for the shifted form), features are not grouped
-_BATCH_GROUPS = ("(= (vec-get sa 3) (vec-get sb 2)) (= 0 (% (vec-get sa 0) k8))", "(/ (vec-get sa 0) k8)")
-_BATCH_ROWS = ("(= (vec-get sa 3) (vec-get sb 2)) (= (vec-get sa 0) k8)", "1")
-
-
-def _conv_shape_rules(name: str, groups: tuple[str, str] = _FEATURE_GROUPS) -> tuple[str, ...]:
-    """NHWC x HWIO window arithmetic, for Conv, ConvBG and their alternative implementations; `groups` is the
-    grouping's guard and the output batch size."""
-    guard, batch = groups
-    return (
-        f"(rule ((= e ({name} k0 k1 k2 k3 k4 k5 k6 k7 k8 a b)) (= sa (shape a)) (= sb (shape b))"
-        f" (= (vec-length sa) 4) (= (vec-length sb) 4) (> k8 0) {guard}"
-        " (= 0 (% (vec-get sb 3) k8))"
-        f" (= rh {_window_room('(vec-get sa 1)', 'k2', 'k3', '(vec-get sb 0)', 'k6')}) (>= rh 0)"
-        f" (= rw {_window_room('(vec-get sa 2)', 'k4', 'k5', '(vec-get sb 1)', 'k7')}) (>= rw 0))"
-        f" ((set (shape e) (vec-of {batch} (+ (/ rh k0) 1) (+ (/ rw k1) 1) (vec-get sb 3)))))",
+def _conv_shape_rules(name: str) -> tuple[str, ...]:
+    """A convolution's window arithmetic for any rank, built axis by axis: the batch (divided by the batch groups),
+    each spatial axis j (input size n, kernel size k) of size (dilated n + pads - dilated k) / stride + 1 where the
+    window fits, then the kernel's output features; the groups divide what they must."""
+    head = f"(= e ({name} st lo hi ld rd fg bg a b)) (= sa (shape a)) (= sb (shape b)) (= n (vec-length sa))"
+    whole = (
+        "(= n (vec-length sb)) (>= n 3) (= d (- n 2)) (= (vec-length st) d) (= (vec-length lo) d)"
+        " (= (vec-length hi) d) (= (vec-length ld) d) (= (vec-length rd) d) (> fg 0) (> bg 0) (= 1 (min fg bg))"
+        " (= (vec-get sa (+ d 1)) (* fg (vec-get sb d))) (= 0 (% (vec-get sb (+ d 1)) (* fg bg)))"
+        " (= 0 (% (vec-get sa 0) bg))"
     )
-
-
-def _pool_init(fn: str, dtype: Any) -> Any:
-    """The identity a window pads with: 0 for a sum, the lowest value (-inf for floats) for a max. A numpy scalar:
-    lax.reduce_window binds reduce_window_max / _sum only for a concrete identity, a traced one stays generic."""
-    if fn == "sum":
-        return np.zeros((), dtype)
-    return np.array(-np.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min, dtype)
+    room = (
+        "(- (+ (+ (* (- (vec-get sa i) 1) (vec-get ld j)) 1) (+ (vec-get lo j) (vec-get hi j)))"
+        " (+ (* (vec-get rd j) (- (vec-get sb j) 1)) 1))"
+    )
+    spatial = (
+        "(= j (- i 1)) (= s (vec-get st j)) (> s 0) (> (vec-get ld j) 0) (> (vec-get rd j) 0) (> (vec-get sa i) 0)"
+        f" (= r {room}) (>= r 0)"
+    )
+    return (
+        f"(rule ({head} {whole}) ((set (axes-built e 1) (vec-of (/ (vec-get sa 0) bg)))))",
+        f"(rule ({head} (= v (axes-built e i)) (>= i 1) (< i (- n 1)) {spatial})"
+        " ((set (axes-built e (+ i 1)) (vec-push v (+ (/ r s) 1)))))",
+        f"(rule ({head} (= m (- n 1)) (= v (axes-built e m))) ((set (shape e) (vec-push v (vec-get sb m)))))",
+    )
 
 
 def _pool(fn: str) -> Callable[..., Any]:
     """reduce_window of lax.max / lax.add over (window, strides, pad_low, pad_high): what jax binds as the
     reduce_window_max / reduce_window_sum primitives (flax, keras, haiku and equinox pools)."""
 
-    def lower(attrs: tuple, x: Any) -> Any:
-        window, strides, low, high = (tuple(a) for a in attrs)
+    def lower(a: PoolAttrs, x: Any) -> Any:
         reducer = lax.max if fn == "max" else lax.add
-        padding = tuple(zip(low, high, strict=True))
-        return lax.reduce_window(x, _pool_init(fn, x.dtype), reducer, window, strides, padding)
-
-    return lower
-
-
-def _sliced_pool(fn: str) -> Callable[..., Any]:
-    """The same window reduction as a max / sum over one strided slice of the padded input per window offset:
-    XLA fuses it into one loop, where XLA:CPU's reduce_window runs 2-5x slower (DESIGN.md §2b)."""
-
-    def lower(attrs: tuple, x: Any) -> Any:
-        window, strides, low, high = (tuple(a) for a in attrs)
-        xp = lax.pad(x, _pool_init(fn, x.dtype), [(lo, hi, 0) for lo, hi in zip(low, high, strict=True)])
-        out = tuple((size - k) // s + 1 for size, k, s in zip(xp.shape, window, strides, strict=True))
-        total = None
-        for offset in np.ndindex(*window):
-            limit = tuple(o + s * (n - 1) + 1 for o, s, n in zip(offset, strides, out, strict=True))
-            tap = lax.slice(xp, tuple(int(o) for o in offset), limit, strides)
-            total = tap if total is None else (lax.max(total, tap) if fn == "max" else lax.add(total, tap))
-        return total
+        padding = tuple(zip(a.pad_low, a.pad_high, strict=True))
+        return lax.reduce_window(x, kernels.pool_init(fn, x.dtype), reducer, a.window, a.strides, padding)
 
     return lower
 
@@ -435,43 +325,18 @@ def _axis_by_axis(pattern: str, whole: str, guard: str, dim: str) -> tuple[str, 
     )
 
 
-def _patch_conv(attrs: tuple, x: Any, w: Any) -> Any:
-    """A grouped convolution (several input channels per group) as the kh*kw shifted, strided slices of the padded
-    input stacked and one contraction batched over the groups; XLA:CPU's grouped conv kernel is sometimes slower."""
-    groups = attrs[8]
-    kh, kw, cg, out_channels = w.shape
-    taps = [tap for _, tap in _conv_taps(attrs, x, kh, kw)]
-    n, ho, wo, _ = taps[0].shape
-    og = out_channels // groups
-    patches = lax.reshape(jnp.stack(taps, axis=3), (n, ho, wo, kh * kw, groups, cg))
-    kernel = lax.reshape(w, (kh * kw, cg, groups, og))
-    # contract taps and channels, batched over groups: [g, n, ho, wo, og]
-    dtype = jnp.result_type(x.dtype, w.dtype)
-    acc = jnp.promote_types(dtype, jnp.float32)  # bf16/f16 accumulate in f32 as the conv kernel does, f64 in f64
-    y = lax.dot_general(patches, kernel, (((3, 5), (0, 1)), ((4,), (2,))), preferred_element_type=acc)
-    y = lax.transpose(y, (1, 2, 3, 0, 4))
-    return lax.reshape(y, (n, ho, wo, out_channels)).astype(dtype)
-
-
-def _broadcast_batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
-    """A batched matmul of tiny matrices as a broadcast multiply and a sum over the contracted axis: one fused loop,
-    where XLA:CPU runs one small GEMM per batch element."""
-    n = a.ndim
-    left = lax.expand_dims(a, (n,))  # [B..., M, K, 1]
-    right = lax.expand_dims(b, (n - 2,))  # [B..., 1, K, N]
-    return lax.reduce_sum(lax.mul(left, right), (n - 1,))
-
-
 def _conv_merge_key(attrs: tuple, _shapes: list[Shape | None]) -> tuple | None:
-    return (*attrs[:2], *attrs[6:8]) if attrs[8] == 1 else None  # stride and dilation; ungrouped
+    """Ungrouped convs of one stride and dilation merge (padding left out: a 1x1 conv enlarges to its 3x3 sibling)."""
+    a = ConvAttrs(*attrs)
+    if a.feature_groups != 1 or a.batch_groups != 1:
+        return None
+    return a.strides, a.lhs_dilation, a.rhs_dilation
 
 
-def _conv_op(
-    name: str, lower: Callable[..., Any], groups: tuple[str, str] = _FEATURE_GROUPS, alternative: bool = False
-) -> OpSpec:
-    """An op with Conv's nine attributes and (x, w) inputs: Conv, ConvBG and their alternative implementations."""
+def _conv_op(name: str, lower: Callable[..., Any], alternative: bool = False) -> OpSpec:
+    """An op with ConvAttrs and (x, w) inputs: Conv and its alternative implementations."""
 
-    def nonempty(attrs: tuple, x: Any, w: Any) -> Any:
+    def nonempty(attrs: ConvAttrs, x: Any, w: Any) -> Any:
         out = lower(attrs, x, w)
         if 0 in out.shape:  # the shape rules' semantics: a window that fits the padded input at least once
             raise ValueError(f"{name} of {x.shape} by a {w.shape} window has an empty output")
@@ -479,13 +344,15 @@ def _conv_op(
 
     return OpSpec(
         name,
-        ("i64",) * 9,
+        ("Shape",) * 5 + ("i64",) * 2,
         2,
         "contraction",
         nonempty,
-        _conv_shape_rules(name, groups),
-        contracted=lambda shapes: prod(shapes[1][:3]),
+        _conv_shape_rules(name),
+        contracted=lambda shapes: prod(shapes[1][:-1]),
         alternative=alternative,
+        attributes=ConvAttrs,
+        merge_key=None if alternative else _conv_merge_key,
     )
 
 
@@ -559,54 +426,44 @@ OPS: dict[str, OpSpec] = {
             (),
             2,
             "contraction",
-            _broadcast_batch_dot,
+            kernels.broadcast_batch_dot,
             _batch_dot_shape_rules("BcastBatchDot"),
             contracted=lambda shapes: shapes[0][-1],
             alternative=True,
         ),
-        # NHWC x HWIO convolution: (Conv stride_h stride_w pad_top pad_bottom pad_left pad_right
-        #                                dilation_h dilation_w groups x w)
-        # ungrouped convs of one stride and dilation merge (padding left out: a 1x1 conv enlarges to its 3x3 sibling)
-        dataclasses.replace(
-            _conv_op("Conv", _conv),
-            merge_key=lambda attrs, _shapes: (*attrs[:2], *attrs[6:8]) if attrs[8] == 1 else None,
-        ),
+        # A convolution of any rank, (Conv strides pad_low pad_high lhs_dilation rhs_dilation feature_groups
+        # batch_groups x w): ConvAttrs, the operands channels-last (x [N, S..., C], w [K..., C / groups, O])
+        _conv_op("Conv", kernels.conv),
         # The same attributes, a depthwise conv (one input channel per group) computed as shifted multiply-adds;
         # rules/kernels.egg puts it beside the Conv it can replace, the timing cache prices both.
-        _conv_op("ShiftConv", _shifted_conv, alternative=True),
+        _conv_op("ShiftConv", kernels.shifted_conv, alternative=True),
         # The same attributes, a grouped conv (several input channels per group) as stacked shifted patches and one
         # contraction batched over the groups.
-        _conv_op("PatchConv", _patch_conv, alternative=True),
+        _conv_op("PatchConv", kernels.patch_conv, alternative=True),
+        # A conv with one batch row per batch group (a depthwise conv's weight gradient) as shifted multiply-reductions
+        _conv_op("ShiftConvBG", kernels.shifted_conv_bg, alternative=True),
+        # A conv with lhs_dilation s (transposed convs, strided convs' input gradients) as s^d stride-1 convs of the
+        # undilated input with the kernel's phases, interleaved
+        _conv_op("PhaseConv", kernels.phase_conv, alternative=True),
         # Pooling: (PoolMax window strides pad_low pad_high x), (PoolSum ...), any rank and layout (the window's
         # size-1 axes are the batch and channel ones); PoolMaxSliced / PoolSumSliced compute them over strided slices.
         *(
             OpSpec(
-                name, ("Shape",) * 4, 1, "window", lower, _pool_shape_rules(name), alternative=name.endswith("Sliced")
+                name,
+                ("Shape",) * 4,
+                1,
+                "window",
+                lower,
+                _pool_shape_rules(name),
+                alternative=name.endswith("Sliced"),
+                attributes=PoolAttrs,
             )
             for name, lower in (
                 ("PoolMax", _pool("max")),
                 ("PoolSum", _pool("sum")),
-                ("PoolMaxSliced", _sliced_pool("max")),
-                ("PoolSumSliced", _sliced_pool("sum")),
+                ("PoolMaxSliced", kernels.sliced_pool("max")),
+                ("PoolSumSliced", kernels.sliced_pool("sum")),
             )
-        ),
-        # A batch-grouped conv, the weight gradient of a grouped one: Conv's attributes, k8 the batch_group_count
-        _conv_op("ConvBG", partial(_conv, group_param="batch_group_count"), _BATCH_GROUPS),
-        # A ConvBG with one batch row per group (a depthwise conv's weight gradient) as shifted multiply-reductions
-        _conv_op("ShiftConvBG", _shifted_conv_bg, _BATCH_ROWS, alternative=True),
-        # (Dilate dh dw x): NHWC x with zeros between rows and columns, a conv's lhs_dilation (strided input gradients)
-        OpSpec(
-            "Dilate",
-            ("i64", "i64"),
-            1,
-            "elementwise",
-            _dilate,
-            (
-                "(rule ((= e (Dilate k0 k1 a)) (= sa (shape a)) (= (vec-length sa) 4) (>= k0 1) (>= k1 1)"
-                " (>= (vec-get sa 1) 1) (>= (vec-get sa 2) 1))"
-                " ((set (shape e) (vec-of (vec-get sa 0) (+ (* k0 (- (vec-get sa 1) 1)) 1)"
-                " (+ (* k1 (- (vec-get sa 2) 1)) 1) (vec-get sa 3)))))",
-            ),
         ),
         # (OneHot depth dtype ids): ids[...] -> [..., depth], 1 where the index matches; captured from jax.nn.one_hot
         OpSpec(
@@ -624,7 +481,7 @@ OPS: dict[str, OpSpec] = {
             (),
             2,
             "gather",
-            _take_rows,
+            kernels.take_rows,
             (
                 "(rule ((= e (Take a b)) (= sa (shape a)) (= sb (shape b)) (>= (vec-length sa) 1))"
                 " ((set (shape e) (vec-append sb (vec-remove sa 0)))))",
@@ -638,7 +495,7 @@ OPS: dict[str, OpSpec] = {
             ("i64",),
             2,
             "gather",
-            _scatter_rows,
+            kernels.scatter_rows,
             (
                 "(rule ((= e (ScatterRows k0 a b)) (= sa (shape a)) (= sb (shape b)) (= (vec-length sb) 1)"
                 " (>= (vec-length sa) 1) (= (vec-get sa 0) (vec-get sb 0)) (> k0 0))"
@@ -662,7 +519,7 @@ OPS: dict[str, OpSpec] = {
                 dtype_rule=f"(rule ((= e ({name} k0 k1 k2 a))) ((set (dtype e) k2)))",
                 alternative=name.endswith("Masked"),
             )
-            for name, lower in (("ArgReduce", _arg_reduce), ("ArgReduceMasked", _masked_arg_reduce))
+            for name, lower in (("ArgReduce", _arg_reduce), ("ArgReduceMasked", kernels.masked_arg_reduce))
         ),
         # broadcast_in_dim: (Bcast target_shape dims a)
         OpSpec(

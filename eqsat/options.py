@@ -183,7 +183,8 @@ def _checked_rules(rules: Any) -> Any:
         )
     if any(isinstance(r, str) and not r.strip() for r in items or ()):
         raise ValueError(
-            "rules has an empty string; it takes rule file paths or egglog text such as '(rewrite (Add a b) (Add b a))'"
+            "rules has an empty string; it takes rule file paths or egglog text such as "
+            "'(rewrite (Add a b) (Add b a) :name \"add-swap\")'"
         )
     return rules
 

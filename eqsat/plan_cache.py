@@ -24,6 +24,9 @@ class SharedPlans:
     # how many plans built in the background became ready to run (or failed): a dispatch that has seen fewer
     # traces again, so that its next call runs them
     landings: int = 0
+    # moves whenever a call may owe work after it runs (a trace, an unvalidated entry, a landing, a clear): a
+    # call that finds it where its Optimized last settled skips straight to jax.jit's dispatch
+    epoch: int = 0
     _locks: dict[Hashable, threading.RLock] = field(default_factory=dict)
     _locks_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -37,11 +40,21 @@ class SharedPlans:
         """A plan built in the background is ready to run (from its job), or its job failed (its done-callback)."""
         with self._locks_lock:
             self.landings += 1
+            self.epoch += 1
 
     def clear(self) -> None:
+        self.epoch += 1
         self.entries.clear()
         self.saturated.clear()
         self.unchecked.clear()
+
+
+@dataclass(eq=False)
+class Handoff:
+    """A first call's arguments, for the plan built in the background to be validated and compiled on (None where
+    they were donated)."""
+
+    call: tuple | None = None
 
 
 class PerThread(threading.local):
@@ -50,8 +63,10 @@ class PerThread(threading.local):
     def __init__(self) -> None:
         self.unvalidated: list[Any] = []
         self.unbudgeted: list[Any] = []
-        self.call: tuple | None = None  # the arguments of the call whose dispatch runs now
-        self.paused = False  # that call paused planning in the background (eqsat/background.py)
+        self.staged = 0  # > 0 while a trace is not a call's (lower, trace, eval_shape, a settling rerun)
+        # the call whose trace left its plan to the background and paused planning (eqsat/background.py) until
+        # the call has run: it hands its arguments over, then resumes planning
+        self.handoff: Handoff | None = None
         self.ready: tuple | None = None  # (key, entry) the planning thread compiles before it installs it
 
 

@@ -5,8 +5,11 @@ extractor, parameters, eqsat's and jax's versions).
 A new process optimizing the same function traces it, finds the plan by that key and skips saturation and
 extraction; capture (one pass over the equations, which gives the constants and opaque calls a plan runs with)
 runs. A plan priced by measured kernel times is reused only while the timing cache holds the same times for its
-kernels. Validation runs on a kept plan's first call unless it accepted that plan in an earlier process (a plan is
-validated once per signature within a process too). Set EQSAT_PLAN_STORE=off to neither read nor write stored plans.
+kernels. A file from disk is checked before it runs: it carries a digest of its content, checked on load, and a
+kept plan is validated on its first call in each process as a new one is (a plan is validated once per signature
+within a process). A file that fails either (or is not UTF-8, not JSON, of other types or another version) is set
+aside as `<key>.json.rejected`, with one warning, and the function is planned again. A cache that cannot be written
+keeps the plan in memory. Set EQSAT_PLAN_STORE=off to neither read nor write stored plans.
 """
 
 import functools
@@ -16,6 +19,7 @@ import json
 import logging
 import os
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,16 +29,17 @@ import numpy as np
 from jax.extend import core as jcore
 
 from eqsat.encode import prelude
-from eqsat.extract.cost import Profile, cache_dir
+from eqsat.errors import EqsatWarning
+from eqsat.extract.cost import Profile, cache_dir, keep_cache_file
 from eqsat.extract.plan import Plan
-from eqsat.extract.report import PlanFormatError, plan_from_dict, plan_to_dict
+from eqsat.extract.report import plan_from_dict, plan_to_dict
 from eqsat.extract.timing import cache_for, wanted_nodes
 from eqsat.saturate import Snapshot
 
 log = logging.getLogger("eqsat")
 
 FORMAT = "eqsat-plan-store"
-VERSION = 1
+VERSION = 2  # 2: a digest of the content, checked on load
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # a function's address in a printed parameter differs per process
 
 
@@ -111,72 +116,93 @@ def _path(key: str) -> Path:
 
 
 def load(key: str, profile: Profile) -> Plan | None:
-    """The stored plan of this key, or None: none stored, unreadable, of another version, or priced by kernel
-    times the timing cache no longer holds. Its graph is None: the caller attaches the program it captured."""
+    """The stored plan of this key, or None: none stored, or priced by kernel times the timing cache no longer
+    holds; a file that cannot be read as a stored plan, or fails its digest, is set aside. Its graph is None: the
+    caller attaches the program it captured."""
     if not enabled():
         return None
     path = _path(key)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, json.JSONDecodeError) as error:
-        log.warning("eqsat: ignoring the stored plan %s (%s)", path, error)
-        return None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
-        return None
-    if data.get("timings") != _timings_now(profile, list(data.get("timings") or {})):
+    if key in _SET_ASIDE:  # found wrong in this process, and not yet written over
         return None
     try:
-        plan = plan_from_dict(data["plan"])
-    except (KeyError, PlanFormatError) as error:
+        raw = path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:  # unreadable here (permissions): planned afresh, and written over where it can be
         log.warning("eqsat: ignoring the stored plan %s (%s)", path, error)
         return None
-    if data.get("validated"):
-        plan.stats["stored_validated"] = 1.0
-    return plan
+    try:
+        data = _checked(raw)
+        if data["timings"] != _timings_now(profile, list(data["timings"])):
+            return None
+        return plan_from_dict(data["plan"])
+    except Exception as error:  # whatever is wrong with the file, it never stops the function from being planned
+        why = str(error) if isinstance(error, _Unreadable) else f"{type(error).__name__}: {error}"
+        set_aside(key, f"cannot be used ({why})")
+        return None
+
+
+class _Unreadable(ValueError):
+    """A plan file that is not a stored plan of this version whose content matches its digest."""
+
+
+def _checked(raw: bytes) -> dict[str, Any]:
+    """A stored plan file's content, checked: UTF-8 JSON of this format and version, its digest matching."""
+    data = json.loads(raw.decode("utf-8"))
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise _Unreadable("not a stored plan")
+    if data.get("version") != VERSION:
+        raise _Unreadable(f"version {data.get('version')!r}, this eqsat reads version {VERSION}")
+    content = {k: v for k, v in data.items() if k != "digest"}
+    if data.get("digest") != content_digest(content):
+        raise _Unreadable("its content does not match its digest: it changed after eqsat wrote it")
+    if not isinstance(data.get("timings"), dict):
+        raise _Unreadable("'timings' is not a JSON object")
+    return data
+
+
+def content_digest(content: dict[str, Any]) -> str:
+    """The digest a stored plan file carries: of its other fields, as canonical JSON."""
+    return hashlib.blake2b(json.dumps(content, sort_keys=True, allow_nan=False).encode(), digest_size=20).hexdigest()
+
+
+def set_aside(key: str, why: str) -> None:
+    """Move the stored plan of this key aside (to `<key>.json.rejected`, kept for a look), with one warning: the
+    function is planned again, and the new plan stored in its place."""
+    _SET_ASIDE.add(key)
+    path = _path(key)
+    aside = path.with_name(f"{path.name}.rejected")
+    try:
+        path.replace(aside)
+        where = f"set aside as {aside}"
+    except OSError as error:
+        where = f"not set aside ({error})"
+    warnings.warn(f"eqsat: the stored plan {path} {why}; {where}; planning again", EqsatWarning, stacklevel=2)
 
 
 def save(key: str, plan: Plan, profile: Profile, snapshots: Sequence[Snapshot] = ()) -> None:
     """Store the plan under its key, with the measured kernel times it was priced by, those of the e-graphs it was
-    extracted from (a failure to write is logged, never raised: the plan in memory is what runs)."""
+    extracted from, and a digest of all that (a failure to write warns once per process, never raises: the plan
+    in memory is what runs)."""
     if not enabled():
         return
     keys = [w.key for snapshot in snapshots for w in wanted_nodes(snapshot)]
     try:
-        data: dict[str, Any] = {
+        content: dict[str, Any] = {
             "format": FORMAT,
             "version": VERSION,
             "timings": _timings_now(profile, keys),
             "plan": plan_to_dict(plan),
         }
+        text = json.dumps({**content, "digest": content_digest(content)}, allow_nan=False)
     except (TypeError, ValueError) as error:  # a value the JSON format cannot hold: the plan is not kept
         log.warning("eqsat: the plan is not kept across processes: %s", error)
         return
-    _write(key, data)
+    if keep_cache_file(_path(key), text):
+        _SET_ASIDE.discard(key)
 
 
-def mark_validated(key: str) -> None:
-    """Record that validation accepted the stored plan of this key: a later process does not validate it again."""
-    if not enabled():
-        return
-    try:
-        data = json.loads(_path(key).read_text())
-    except (OSError, json.JSONDecodeError):
-        return
-    if isinstance(data, dict) and data.get("format") == FORMAT and not data.get("validated"):
-        _write(key, {**data, "validated": True})
-
-
-def _write(key: str, data: dict[str, Any]) -> None:
-    path = _path(key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, allow_nan=False))
-        tmp.replace(path)  # atomic: a reader in another process sees the old file or the new one
-    except (OSError, TypeError, ValueError) as error:
-        log.warning("eqsat: could not store the plan in %s (%s)", path, error)
+_SET_ASIDE: set[str] = set()  # keys whose stored plan this process set aside (a read-only cache keeps the file)
 
 
 def _timings_now(profile: Profile, keys: list[str]) -> dict[str, float | None]:

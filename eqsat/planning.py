@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.extend import core as jcore
 
-from eqsat import plan_store, progress, repeats
+from eqsat import background, plan_store, progress, repeats
 from eqsat.autotune import autotune
-from eqsat.backends.lower import lower, with_original_derivatives
+from eqsat.backends.lower import lower, overflow_guarded, with_original_derivatives
 from eqsat.capture import capture
 from eqsat.errors import EqsatError, EqsatWarning
 from eqsat.extract.cost import Cost
@@ -30,7 +31,7 @@ from eqsat.extract.plan import Plan, build_plan
 from eqsat.extract.timing import attached, priced
 from eqsat.ir import Graph, Opaque
 from eqsat.options import Options
-from eqsat.rule_sources import RuleSource
+from eqsat.rule_sources import RuleSource, real_rules
 from eqsat.saturate import Snapshot, StopReason, saturate
 from eqsat.sharding import body_tracing
 from eqsat.signature import Signature, examples, flat_function, inputs_of, signature_of
@@ -55,7 +56,8 @@ class Entry:
     reference: Future | None = None
     key: str | None = None  # where the plan is kept across processes (eqsat/plan_store.py)
     lock: threading.Lock = field(default_factory=threading.Lock)  # held while validating: once, by one thread
-    mismatched: bool = False  # validation found the plan's results wrong: the original runs
+    # validation found the results of a plan that may have run wrong: the original, or a plan made afresh, runs
+    mismatched: bool = False
     # the plan being built in the background (eqsat/background.py): until it is ready this entry runs the original
     job: Future | None = None
     traced: bool = False  # a dispatch's trace runs it, so a call may have
@@ -132,9 +134,8 @@ class Planner:
         flat_fun, out_tree, closed = captured.flat_fun, captured.out_tree, captured.closed
         try:
             key = self._store_key(closed, ("program", prepared))
-            stored = plan_store.load(key, self.options.profile) if key else None
+            stored = self._stored(key, closed, signature) if key else None
             if stored is not None:
-                stored.graph = self._graph(closed, signature)
                 stored.stats.update(stored=1.0, load_s=time.perf_counter() - t0)
                 return self._entry_of(signature, stored, flat_fun, out_tree, closed, prepared, key)
             if signature not in self.saturated:
@@ -149,6 +150,8 @@ class Planner:
         except EqsatError:  # a bad rule or a shape conflict: the user's to fix
             raise
         except Exception as error:  # eqsat's own failure: the original runs
+            if background.exiting():
+                raise background.Stopped from error
             why = _failure(self.name, error)
             warnings.warn(f"{why}; running the original instead", EqsatWarning, stacklevel=6)
             return self.original_entry(signature, jax.jit(flat_fun), out_tree, why)
@@ -205,9 +208,44 @@ class Planner:
         rewritten = plan.rewritten_ops() or plan.stats.get("bodies_rewritten")
         return not rewritten and plan.predicted.seconds > plan.original.seconds * (1 - self.options.profile.min_gain)
 
-    def runner(self, plan: Plan, flat_fun: Callable[..., list[Any]]) -> Callable[..., list[Any]]:
-        """The plan as a jitted function of the flat leaves, differentiated as the original is."""
-        return jax.jit(with_original_derivatives(lower(plan), flat_fun))
+    def runner(
+        self, plan: Plan, flat_fun: Callable[..., list[Any]], closed: jcore.ClosedJaxpr
+    ) -> Callable[..., list[Any]]:
+        """The plan as a jitted function of the flat leaves, differentiated as the original is, guarded against
+        overflow where it relies on rules marked `; @real` (`overflow_watch`; closed: the captured program, which
+        runs where the plan's watched values are not finite)."""
+        watch = self.overflow_watch(plan)
+        run = lower(plan, watch=watch)
+        if watch:
+            run = overflow_guarded(run, jcore.jaxpr_as_fun(closed), len(watch))
+        return jax.jit(with_original_derivatives(run, flat_fun))
+
+    def overflow_watch(self, plan: Plan) -> list[int]:
+        """The plan nodes an overflow guard checks (backends/lower.py overflow_guarded), the @real rules behind
+        it recorded as plan.overflow_guard: where rules marked `; @real` fired, the rewritten values the rest of
+        the program reads (Plan.rewritten_frontier), since a re-association or distributivity may overflow
+        where the original does not; and the results of opaque calls whose bodies were re-planned with such
+        rules (checked here, outside the body: a check inside a shard_map body would differ between shards).
+        Which fired rules the extracted program used is not recorded, so every one that fired counts. Values of
+        integer types are not watched: they cannot overflow to inf."""
+        real = sorted(set(plan.rules_fired) & self._real_rules)
+        frontier = [i for i in plan.rewritten_frontier() if _may_overflow(plan.nodes[i].dtype)] if real else []
+        graph = plan.graph
+        bodies = graph.real_bodies if graph is not None else {}
+        calls = {}  # node holding one array that a call with such bodies returned -> that call's opaque index
+        for i, node in enumerate(plan.nodes):
+            call = plan.nodes[node.inputs[0]] if node.op == "Get" else node  # a multi-result call's: its Gets
+            index = call.attrs[0] if call.op == "Op" else None
+            if index in bodies and (node.op == "Get") == graph.opaque[index].multiple_results:
+                calls[i] = index
+        watched = [i for i in calls if _may_overflow(plan.nodes[i].dtype)]
+        rules = (real if frontier else []) + [rule for i in watched for rule in bodies[calls[i]]]
+        plan.overflow_guard = sorted(set(rules))
+        return frontier + watched
+
+    @functools.cached_property
+    def _real_rules(self) -> frozenset[str]:
+        return real_rules(list(self.options.rules))
 
     def original_entry(
         self, signature: Signature, call: Callable[..., Any], out_tree: Any, why: str, job: Future | None = None
@@ -231,6 +269,26 @@ class Planner:
         graph = capture(closed, inputs_of(self.fun, signature, self.options.params_argnums))
         self._optimize_bodies(graph)
         return graph
+
+    def _stored(self, key: str, closed: jcore.ClosedJaxpr, signature: Signature) -> Plan | None:
+        """The plan kept under this key with the captured program attached, where it lowers to the program's result
+        types (its first call validates its values); one that does not is set aside."""
+        plan = plan_store.load(key, self.options.profile)
+        if plan is None:
+            return None
+        plan.graph = self._graph(closed, signature)
+        if plan.fallback or self.nothing_to_gain(plan):  # the original runs
+            return plan
+        want = [(a.shape, a.dtype) for a in closed.out_avals]
+        try:
+            got = [(a.shape, a.dtype) for a in jax.make_jaxpr(lower(plan))(*signature.avals).out_avals]
+            problem = None if got == want else f"gives results of types {got}, the program's are {want}"
+        except Exception as error:
+            problem = f"does not lower ({type(error).__name__}: {error})"
+        if problem is None:
+            return plan
+        plan_store.set_aside(key, problem)
+        return None
 
     def _store_key(self, closed: jcore.ClosedJaxpr, what: tuple) -> str | None:
         """The key of this program's plan among those kept across processes; None where none are kept."""
@@ -274,30 +332,34 @@ class Planner:
         original = original or _original(closed)
         if self.nothing_to_gain(plan) or plan.fallback:  # run the original program exactly as jax.jit would
             return Entry(signature, plan, original, original, out_tree, validated=True, key=key)
-        # a kept plan that validation accepted in an earlier process is trusted as it is within one
-        validated = not self.options.validate or bool(plan.stats.get("stored_validated"))
+        validated = not self.options.validate  # a plan kept from another process too: each process validates
         reference = None if validated else _COMPILER.submit(_compiled_reference, closed)
-        call = self.runner(plan, flat_fun)
+        call = self.runner(plan, flat_fun, closed)
         return Entry(signature, plan, call, original, out_tree, validated, prepared, reference, key)
 
     def _optimize_bodies(self, graph: Graph) -> None:
-        """Optimize the bodies of scan, while, cond, remat and shard_map calls as programs of their own, in place."""
+        """Optimize the bodies of scan, while, cond, remat and shard_map calls as programs of their own, in place;
+        the keys of body plans kept from other processes are listed in graph.stored_bodies."""
         for k, call in enumerate(graph.opaque):
-            changed = {}
+            changed, real = {}, set()
             for name, value in call.params.items():
                 if name in _SUBPROGRAM_PARAMS and isinstance(value, jcore.Jaxpr | jcore.ClosedJaxpr):
-                    changed[name] = self._optimize_body(value, call)
+                    changed[name] = self._optimize_body(value, call, graph.stored_bodies, real)
                 elif name == "branches" and isinstance(value, tuple):
-                    branches = tuple(self._optimize_body(b, call) for b in value)
+                    branches = tuple(self._optimize_body(b, call, graph.stored_bodies, real) for b in value)
                     # a new tuple of the same branches is no change (it made every cond look rewritten)
                     changed[name] = value if all(map(operator.is_, branches, value)) else branches
             changed = {name: v for name, v in changed.items() if v is not call.params[name]}
             if changed:
                 graph.opaque[k] = Opaque(call.primitive, {**call.params, **changed}, call.multiple_results)
                 graph.bodies_rewritten += 1
+                if real:
+                    graph.real_bodies[k] = sorted(real)
 
-    def _optimize_body(self, body: Any, call: Opaque) -> Any:
-        """The body re-planned, or the body itself when nothing changed or the result would not fit in its place.
+    def _optimize_body(self, body: Any, call: Opaque, stored: list[str], real: set[str]) -> Any:
+        """The body re-planned, or the body itself when nothing changed or the result would not fit in its place;
+        the keys of kept plans it (and bodies within it) took from other processes are added to `stored`, the
+        @real rules a re-planned body relies on to `real` (the call's results are then watched).
 
         It is traced as its call traces it: a shard_map body within the mesh's manual axes (its collectives and
         pvary name them), on its own input types (a value varying over an axis stays varying)."""
@@ -306,6 +368,7 @@ class Planner:
             self._optimize_bodies(graph)
             key = self._store_key(body, ("body",)) if isinstance(body, jcore.ClosedJaxpr) else None
             plan = plan_store.load(key, self.options.profile) if key else None
+            kept = plan is not None
             if plan is None:
                 snapshot = self.saturate(graph, list(self.options.rules))
                 plan = self.extract(graph, snapshot, prepared=False)
@@ -315,10 +378,19 @@ class Planner:
             if self.nothing_to_gain(plan):
                 return body
             inner = body.jaxpr
-            new = jax.make_jaxpr(lower(plan))(*[v.aval for v in inner.invars])
+            try:
+                new = jax.make_jaxpr(lower(plan))(*[v.aval for v in inner.invars])
+            except Exception as error:
+                if not kept:
+                    raise
+                plan_store.set_aside(key, f"does not lower ({type(error).__name__}: {error})")
+                return self._optimize_body(body, call, stored, real)
         same_type = [_type(v) for v in new.jaxpr.outvars] == [_type(v) for v in inner.outvars]
         if not same_type or new.consts or inner.constvars:
             return body
+        stored.extend([*graph.stored_bodies, key] if kept else graph.stored_bodies)
+        self.overflow_watch(plan)
+        real.update(plan.overflow_guard)
         return new if isinstance(body, jcore.ClosedJaxpr) else new.jaxpr
 
 
@@ -326,6 +398,14 @@ def _original(closed: jcore.ClosedJaxpr) -> Callable[..., list[Any]]:
     """The captured program, run as jax.jit runs it, from its jaxpr: evaluating the jaxpr in the dispatch's trace
     costs a tenth of tracing the user's function a second time (0.02-0.03 s against 0.1-0.2 s on a real model)."""
     return jax.jit(jcore.jaxpr_as_fun(closed))
+
+
+def _may_overflow(dtype: str | None) -> bool:
+    """A value of this dtype may be inf or NaN."""
+    try:
+        return bool(jnp.issubdtype(jnp.dtype(dtype), jnp.inexact))
+    except TypeError:  # a PRNG key's type ("key<fry>") is no numpy dtype
+        return False
 
 
 def _type(var: Any) -> Any:

@@ -137,11 +137,19 @@ def check_commands(src: RuleSource) -> None:
     """Refuse, before egglog runs anything, every command of a user's rule source that is not a rule: includes,
     input/output, push/pop, run, extract, print, set-option and declarations could read or write files, run
     unbounded or change the prelude. Rules may not join a ruleset (the analysis is the op table's) nor set a
-    tensor's shape or dtype. Errors name file, line and column and say what is allowed."""
+    tensor's shape or dtype; every rule carries a :name. Errors name file, line and column and say what is
+    allowed."""
     raw = src.text.encode()
-    for start, head in _top_level_forms(raw):  # before egglog parses: its parser reads (include ...) files
+    forms, unclosed = _top_level_forms(raw)
+    for start, head in forms:  # before egglog parses: its parser reads (include ...) files
         if head not in _RULE_HEADS:
             raise RuleError(f"{_where(src, raw, start)}: ({head} ...) is not allowed: {ALLOWED}")
+    if unclosed is not None:  # egglog reports it at the end of the text
+        opened = _HEAD.match(raw, unclosed)
+        raise RuleError(
+            f"{_where(src, raw, unclosed)}: invalid rule: the parenthesis of ({opened.group(1).decode()} ...) that "
+            "opens here is never closed"
+        )
     try:
         commands = egg.EGraph().parse_program(src.text, filename=src.origin)
     except egg.EggSmolError as error:
@@ -164,12 +172,18 @@ def check_commands(src: RuleSource) -> None:
                     f"{_where(src, raw, action.span.i)}: (set ({action.lhs} ...)) is not allowed: shapes and dtypes "
                     f"are derived by the op table's analysis; a rule may guard on them, not set them ({ALLOWED})"
                 )
+        if not inner.name:
+            raise RuleError(
+                f'{_where(src, raw, start)}: this rule has no :name (add one, e.g. :name "my-factor"): plans count '
+                "the rules that fired, and validation blames a wrong result on rules, by their names"
+            )
 
 
-def _top_level_forms(raw: bytes) -> list[tuple[int, str]]:
-    """(offset, head symbol) of each top-level form, skipping ; comments and strings; a stray atom at top level
-    is reported with head '' (egglog would refuse it too)."""
-    forms, depth, pos = [], 0, 0
+def _top_level_forms(raw: bytes) -> tuple[list[tuple[int, str]], int | None]:
+    """(offset, head symbol) of each top-level form, skipping ; comments and strings (a stray atom at top level
+    is reported with head '', as egglog would refuse it too), and the offset of the innermost parenthesis left
+    open at the end, if any."""
+    forms, opened, pos = [], [], 0
     while pos < len(raw):
         c = raw[pos : pos + 1]
         if c == b";":
@@ -180,19 +194,20 @@ def _top_level_forms(raw: bytes) -> list[tuple[int, str]]:
             while pos < len(raw) and raw[pos : pos + 1] != b'"':
                 pos += 2 if raw[pos : pos + 1] == b"\\" else 1
         elif c == b"(":
-            if depth == 0:
+            if not opened:
                 head = _HEAD.match(raw, pos)
                 forms.append((pos, head.group(1).decode() if head else ""))
-            depth += 1
+            opened.append(pos)
         elif c == b")":
-            depth = max(depth - 1, 0)
-        elif depth == 0 and not c.isspace():
+            if opened:
+                opened.pop()
+        elif not opened and not c.isspace():
             forms.append((pos, raw[pos:].split(None, 1)[0].decode(errors="replace")))
             while pos < len(raw) and not raw[pos : pos + 1].isspace() and raw[pos : pos + 1] not in b'();"':
                 pos += 1
             continue
         pos += 1
-    return forms
+    return forms, opened[-1] if opened else None
 
 
 def _where(src: RuleSource, raw: bytes, offset: int) -> str:

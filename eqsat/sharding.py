@@ -10,12 +10,19 @@ from jax._src import config as jax_config
 from jax._src import shard_map as jax_shard_map
 from jax.sharding import AxisType, use_abstract_mesh
 
+from eqsat.backends.lower import OVERFLOW_GUARD
+from eqsat.graph_walk import reachable
 from eqsat.ir import Graph, Opaque
 
 # the collectives XLA's SPMD partitioner and shard_map's lowering emit
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _PARTITIONING = ("shard_map", "sharding_constraint")
 _COLLECTIVE = re.compile(r"= [^=]*?\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) [^\n]*\{\n(.*?)^\}", re.M | re.S)  # name, body
+_CALLED = re.compile(r"%([\w.\-]+)")
+_FLAG_REDUCE = re.compile(r"\s*%\S+ = pred\[\] all-reduce(?:-start)?\(")  # one flag reduced over the devices
+# branch 0 of a cond is its false branch: the guard's fallback
+_FALLBACK_BRANCH = re.compile(r"(?:branch_computations=\{%|false_computation=%)([\w.\-]+)")
 
 
 def body_tracing(call: Opaque) -> contextlib.AbstractContextManager[Any]:
@@ -33,8 +40,25 @@ def body_tracing(call: Opaque) -> contextlib.AbstractContextManager[Any]:
 
 
 def collectives(hlo_text: str) -> Counter[str]:
-    """The collectives of a compiled program (`.lower(...).compile().as_text()`), by kind."""
-    return Counter(match.group(1) for match in _COLLECTIVE.finditer(hlo_text))
+    """The collectives of a compiled program (`.lower(...).compile().as_text()`), by kind, on the path it runs:
+    an overflow guard's (backends/lower.py overflow_guarded) are not counted, neither the original program in
+    the branch that runs only where the plan overflowed nor the all-reduce of its one-flag check (what a
+    sharded guarded plan adds to jax.jit's program)."""
+    bodies: dict[str, list[str]] = {}
+    for block in _COMPUTATION.finditer(hlo_text):
+        bodies[block.group(1)] = block.group(2).splitlines()
+    fallbacks = [
+        match.group(1)
+        for lines in bodies.values()
+        for line in lines
+        if "conditional(" in line and OVERFLOW_GUARD in line
+        for match in [_FALLBACK_BRANCH.search(line)]
+        if match
+    ]
+    skipped = reachable(fallbacks, lambda name: [c for c in _CALLED.findall("\n".join(bodies[name])) if c in bodies])
+    lines = [line for name, body in bodies.items() if name not in skipped for line in body]
+    flag = [line for line in lines if OVERFLOW_GUARD in line and _FLAG_REDUCE.match(line)][:1]
+    return Counter(m.group(1) for line in lines if line not in flag for m in _COLLECTIVE.finditer(line))
 
 
 def partitioned(flat: list[Any], graph: Graph | None) -> bool:

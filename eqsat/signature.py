@@ -12,7 +12,10 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
-from jax._src import config  # trace_context(): what jax.jit keys its traces by besides the arguments
+from jax._src import (
+    api_util,  # jax.jit's debug info: how its errors name the function and arguments
+    config,  # trace_context(): what jax.jit keys its traces by besides the arguments
+)
 from jax.core import ShapedArray
 
 from eqsat.capture import input_paths, stand_ins
@@ -95,14 +98,29 @@ def flat_function(fun: Callable[..., Any], signature: Signature) -> tuple[Callab
         ref = lambda: fun  # noqa: E731
 
     def flat_fun(*leaves: Any) -> list[Any]:
-        args, kwargs = jax.tree_util.tree_unflatten(signature.tree, leaves)
-        dynamic = iter(args)
-        full = [static[i] if i in static else next(dynamic) for i in range(signature.n_args)]
-        named = {k: v for k, v in static.items() if isinstance(k, str)}
-        results, out_tree["tree"] = jax.tree_util.tree_flatten(ref()(*full, **kwargs, **named))
+        args, kwargs = _call_of(signature, static, leaves)
+        results, out_tree["tree"] = jax.tree_util.tree_flatten(ref()(*args, **kwargs))
         return results
 
+    api_util.save_wrapped_fun_debug_info(flat_fun, _debug_info(fun, signature, static))
     return flat_fun, lambda: out_tree["tree"]
+
+
+def _debug_info(fun: Callable[..., Any], signature: Signature, static: dict[int | str, Any]) -> Any:
+    """jax.jit's debug info for the call: an error while tracing names the user's function and argument (x,
+    params['w']) as jax.jit's does, not flat_fun and its leaves."""
+    args, kwargs = _call_of(signature, static, signature.avals)
+    names = tuple(k for k in static if isinstance(k, str))
+    numbers = tuple(k for k in static if isinstance(k, int))
+    return api_util.debug_info("jit", fun, args, kwargs, static_argnums=numbers, static_argnames=names)
+
+
+def _call_of(signature: Signature, static: dict[int | str, Any], leaves: Sequence[Any]) -> tuple[list, dict[str, Any]]:
+    """The call's positional and keyword arguments, from its dynamic leaves and its static values."""
+    args, kwargs = jax.tree_util.tree_unflatten(signature.tree, leaves)
+    dynamic = iter(args)
+    full = [static[i] if i in static else next(dynamic) for i in range(signature.n_args)]
+    return full, {**kwargs, **{k: v for k, v in static.items() if isinstance(k, str)}}
 
 
 def abstract(x: Any) -> Any:

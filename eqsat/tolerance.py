@@ -72,6 +72,73 @@ def beyond_conditioning(
     return None
 
 
+def less_accurate(
+    original: Callable[..., list[Any]],
+    flat: list[Any],
+    expected: list[Any],
+    got: list[Any],
+    unjudged: tuple[int, str] | None,
+) -> tuple[int, str] | None:
+    """The first result the plan computes less accurately than the original, judged against the original
+    evaluated in float64 on these inputs, which neither program's rounding blurs; None where every result that
+    differs is about as accurate as the original's own (its largest error against the float64 reference within
+    ACCURACY_FACTOR of the original's, plus a few roundings of the result's scale). Where the program does not
+    run in float64 (an input it reads bit for bit), `unjudged`: what the caller found without the reference."""
+    reference = _in_float64(original, flat)
+    for k, (want, have) in enumerate(zip(expected, got, strict=True)):
+        problem = differs(k, want, have)
+        if problem is None:
+            continue
+        exact = None if reference is None else np.asarray(reference[k])
+        if exact is None or exact.shape != np.shape(want) or np.asarray(want).dtype.name not in VALIDATION_RTOL:
+            return unjudged
+        problem = _accuracy_problem(k, np.asarray(want), np.asarray(have), exact.astype(np.float64))
+        if problem:
+            return k, problem
+    return None
+
+
+# The plan's largest error against the float64 reference may be this many times the original's own: two
+# summation orders of the same terms err by amounts of the same size, either one up to a few times the other.
+ACCURACY_FACTOR = 4.0
+
+
+def _accuracy_problem(k: int, want: np.ndarray, have: np.ndarray, exact: np.ndarray) -> str | None:
+    w, h = want.astype(np.float64), have.astype(np.float64)
+    finite = np.isfinite(exact) & np.isfinite(w)
+    if not np.all(np.isfinite(h)[finite]):
+        return f"result {k}: inf or NaN where the original and its float64 evaluation are finite"
+    plan_error, own_error = np.abs(h - exact)[finite], np.abs(w - exact)[finite]
+    if plan_error.size == 0:
+        return None
+    floor = _SCALE_ROUNDINGS * float(jnp.finfo(want.dtype).eps) * float(np.max(np.abs(exact[finite])))
+    allowed = ACCURACY_FACTOR * float(np.max(own_error)) + floor
+    if float(np.max(plan_error)) <= allowed:
+        return None
+    i = int(np.argmax(plan_error))
+    return (
+        f"result {k}: less accurate than the original, e.g. {h[finite][i]:.6g} where the float64 evaluation gives "
+        f"{exact[finite][i]:.6g} (error {plan_error[i]:.3g}; the original's {w[finite][i]:.6g} errs by "
+        f"{own_error[i]:.3g}, at most {np.max(own_error):.3g} over the result, and {ACCURACY_FACTOR:g}x that plus "
+        f"{floor:.3g} is allowed)"
+    )
+
+
+def _in_float64(original: Callable[..., list[Any]], flat: list[Any]) -> list[np.ndarray] | None:
+    """The original's results with its float inputs widened to float64 and jax's x64 mode on; None where it does
+    not run so."""
+    wide = [np.asarray(x, np.float64) if _dtype_name(x) in VALIDATION_RTOL else x for x in flat]
+    try:
+        with jax.enable_x64(True):
+            return comparable(original(*wide))
+    except Exception:  # an input read bit for bit, a dtype-specific op: the float64 program is not the original's
+        return None
+
+
+def _dtype_name(x: Any) -> str | None:
+    return getattr(getattr(x, "dtype", None), "name", None)
+
+
 # How many times the original's own movement under a few-ulp perturbation of its inputs an element may move. The
 # perturbation enters once, at the inputs; a deep program rounds again at every layer, so its re-associated
 # results move further: 22x measured on a MobileNetV2 training step's vanishing weight gradients (max 2.5e-13).

@@ -20,7 +20,7 @@ from eqsat.egraph_check import check_egraph
 from eqsat.errors import EqsatWarning
 from eqsat.planning import Entry, Planner
 from eqsat.sharding import added_collectives
-from eqsat.tolerance import beyond_conditioning, comparable, differs
+from eqsat.tolerance import beyond_conditioning, comparable, differs, less_accurate
 
 log = logging.getLogger("eqsat")
 
@@ -33,14 +33,21 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
         expected = comparable(_reference_results(entry, flat))
         got = comparable(entry.call(*flat) if got is None else got)
     wrong = next(((k, p) for k, p in enumerate(map(differs, range(len(got)), expected, got)) if p), None)
-    if wrong is not None:
+    if wrong is not None:  # as accurate as the original, where the original itself leaves the digits undetermined
         with jax.ensure_compile_time_eval():
             wrong = beyond_conditioning(entry.original, flat, expected, got)
+            if wrong is not None:
+                wrong = less_accurate(entry.original, flat, expected, got, wrong)
     if wrong is None:
-        if entry.key:
-            plan_store.mark_validated(entry.key)
         return
     k, problem = wrong
+    stored = [entry.key] if entry.key and entry.plan.stats.get("stored") else []
+    stored += entry.plan.graph.stored_bodies if entry.plan.graph is not None else []
+    if stored:  # a kept plan (or body plan) changed since it was validated, or wrong on these values: planned again
+        for key in stored:
+            plan_store.set_aside(key, f"gave results that differ from the original's ({problem})")
+        _plan_again(planner, entry, flat)
+        return
     progress.begin("validate", "validate: finding the rules the mismatch depends on")
     with jax.ensure_compile_time_eval():
         entry.plan.blamed, exact = blame(planner, entry, flat, k, expected[k])
@@ -57,6 +64,20 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
         stacklevel=5,
     )
     entry.call, entry.mismatched = entry.original, True
+
+
+def _plan_again(planner: Planner, entry: Entry, flat: list[Any]) -> None:
+    """The entry planned afresh, its stored plans set aside, and validated on flat; marked mismatched, so that a
+    call that ran the stored plan runs again."""
+    planner.saturated.pop(entry.signature, None)  # its graph holds the stored body plans
+    with jax.core.eval_context():
+        fresh = planner.build(entry.signature, entry.prepared)
+    entry.plan, entry.call = fresh.plan, entry.original if fresh.call is fresh.original else fresh.call
+    if fresh.reference is not None:  # the entry's own reference compiles the same original
+        fresh.reference.cancel()
+    if not fresh.validated:
+        compare(planner, entry, flat, None)
+    entry.mismatched = True
 
 
 def blame(planner: Planner, entry: Entry, flat: list[Any], k: int, want: Any) -> tuple[list[str], bool]:
@@ -118,7 +139,7 @@ def keep_collectives(planner: Planner, entry: Entry, flat: list[Any]) -> bool:
         if added and done is not None and "Concat" in entry.plan.rewritten_ops():
             unmerged = planner.extract(done.graph, done.snapshot, entry.prepared, forbid=frozenset({"Concat"}))
             if not planner.nothing_to_gain(unmerged):
-                call = planner.runner(unmerged, done.flat_fun)
+                call = planner.runner(unmerged, done.flat_fun, done.closed)
                 if not added_collectives(call, entry.original, flat):
                     unmerged.stats.update({k: v for k, v in entry.plan.stats.items() if k not in unmerged.stats})
                     unmerged.extraction.refused = _collectives_text(added) + " (merges not made)"
@@ -144,11 +165,14 @@ def timed(
         # outside any caller's trace, as the call that gave the results ran (compile-time evaluation would key
         # jax.jit's cache apart and compile the plan again: 2.8 s on NASNet-A)
         with jax.core.eval_context():
-            entry.plan.measured = guard.measure(original, optimized, planner.options.limits.guard_seconds, warm)
+            entry.plan.measured = guard.measure(
+                original, optimized, planner.options.limits.guard_seconds, warm, entry.plan.predicted_speedup
+            )
         if not entry.plan.measured["kept"]:
             entry.plan.fallback = guard.describe(entry.plan.measured)
             log.info("eqsat: %s: %s", planner.name, entry.plan.fallback)
-            if entry.key:  # a later process runs the original at once, as it would have run a plan never timed
+            # measured slower with confidence: a later process runs the original at once (undecided: it measures)
+            if entry.key and guard.refused_for_good(entry.plan.measured):
                 plan_store.save(entry.key, entry.plan, planner.options.profile)
     return entry.plan.measured["kept"]
 

@@ -176,6 +176,29 @@ def _op_heads(form: Any) -> set[str]:
     return heads.union(*(_op_heads(f) for f in form))
 
 
+def program_difference(a: "Plan", b: "Plan", names: tuple[str, str] = ("the first", "the second")) -> str | None:
+    """How two plans' original programs differ (an input, or ops with no counterpart), or None where they are
+    plans of one program or either keeps no record of its original. Two plans of different programs differ
+    everywhere: their regions compare the programs, not two plans of one."""
+    if original_graph(a) is None or original_graph(b) is None:
+        return None
+    first, second = original_program(a), original_program(b)
+    inputs = [{label(n): type_text(n) for n in p.nodes if n.op == "Var"} for p in (first, second)]
+    for name in sorted(inputs[0].keys() | inputs[1].keys()):
+        types = [found.get(name) for found in inputs]
+        if None in types:
+            return f"input {name} only in {names[types.index(None) - 1]}"
+        if types[0] != types[1]:
+            return f"input {name} is {types[0]} in {names[0]} and {types[1]} in {names[1]}"
+    only_first, only_second = unmatched(first, second)
+    if only_first or only_second:
+        return (
+            f"{len(only_first)} of {names[0]}'s {len(first.nodes)} ops and {len(only_second)} of {names[1]}'s "
+            f"{len(second.nodes)} have no counterpart in the other"
+        )
+    return None
+
+
 def diff_regions(plan: "Plan") -> list[Region]:
     """The regions extraction changed: the original program against the plan."""
     return regions(original_program(plan), plan_program(plan), plan.rules_fired)
@@ -231,7 +254,11 @@ def diff(a: "Plan", b: "Plan", names: tuple[str, str] = ("a", "b")) -> list[str]
         f"target {a.target} -> {b.target}",
         f"predicted time {seconds_text(a.predicted.seconds)} -> {seconds_text(b.predicted.seconds)}",
     ]
-    return head + _diff_programs(plan_program(a), plan_program(b), *names, b.rules_fired, a.target == b.target)
+    different = program_difference(a, b, names)
+    if different:
+        head.append(f"plans of different programs ({different})")
+    comparable = a.target == b.target and not different
+    return head + _diff_programs(plan_program(a), plan_program(b), *names, b.rules_fired, comparable)
 
 
 def diff_original(plan: "Plan") -> list[str]:
@@ -262,6 +289,7 @@ def plan_summary(plan: "Plan") -> dict[str, Any]:
         "rules fired": dict(sorted(plan.rules_fired.items())),
         "changed regions": [r.name for r in diff_regions(plan)] if original_graph(plan) is not None else None,
         "fallback": plan.fallback,
+        "overflow guard": ", ".join(plan.overflow_guard) or None,  # the @real rules it is guarded for
     }
 
 
@@ -285,7 +313,8 @@ def compare(
     *plans: "Plan", labels: list[str] | None = None, console: Console | None = None
 ) -> dict[str, dict[str, Any]]:
     """Print the plans side by side (a rich table), then the regions where each plan differs from the first, and
-    return {label: {metric: value}} in the same order ("regions vs first": the differing regions' lines)."""
+    return {label: {metric: value}} in the same order ("regions vs first": the differing regions' lines;
+    "different program": how its original program differs from the first's, None where it is the same)."""
     if not plans:
         raise ValueError("compare() needs at least one plan")
     if labels is None:
@@ -304,8 +333,14 @@ def compare(
     console.print(table)
     first = plan_program(plans[0])
     for name, plan in zip(labels[1:], plans[1:], strict=True):
-        differ = regions(first, plan_program(plan), plan.rules_fired, plans[0].target == plan.target)
+        different = program_difference(plans[0], plan, (labels[0], name))
+        comparable = plans[0].target == plan.target and not different  # no speed-up between two programs
+        differ = regions(first, plan_program(plan), plan.rules_fired, comparable)
         data[name]["regions vs first"] = [r.line() for r in differ]
+        data[name]["different program"] = different
+        if different:
+            note = f"{labels[0]} and {name} are plans of different programs ({different}): the regions compare them"
+            console.print(note, highlight=False, markup=False, soft_wrap=True)
         heading = f"regions that differ, {labels[0]} -> {name}: {len(differ) or 'none'}"
         console.print(heading, highlight=False, markup=False, soft_wrap=True)
         for region in differ:

@@ -7,7 +7,10 @@ output and no kernel of its own; contractions cost max(compute, memory) plus a k
 
 import functools
 import json
+import logging
 import os
+import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
@@ -17,9 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from eqsat.errors import EqsatWarning
 from eqsat.ops import OPS, CostClass, contraction_flops
 
 Shape = tuple[int, ...]
+log = logging.getLogger("eqsat")
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,42 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eqsat"
 
 
+def write_cache_file(path: Path, text: str) -> None:
+    """Write a file whole: a reader in another process sees the old file or the new one (OSError where it cannot)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def keep_cache_file(path: Path, text: str) -> bool:
+    """write_cache_file where a cache that cannot be written is no reason to stop: what was to be kept stays in
+    this process's memory, and the first failure in the process warns, naming the path. Returns whether it wrote."""
+    try:
+        write_cache_file(path, text)
+        return True
+    except OSError as error:
+        with _UNWRITABLE_LOCK:
+            first = not _UNWRITABLE
+            _UNWRITABLE.append(path)
+        if first:
+            warnings.warn(
+                f"eqsat: cannot write its cache at {path} ({error}); plans and kernel timings are kept in this "
+                "process's memory only (set EQSAT_CACHE_DIR to a writable directory to keep them)",
+                EqsatWarning,
+                stacklevel=2,
+            )
+        log.debug("eqsat: could not write %s (%s)", path, error)
+        return False
+
+
+_UNWRITABLE: list[Path] = []  # cache files this process could not write (the first one warned)
+_UNWRITABLE_LOCK = threading.Lock()
+
+
 def calibrated_path(target: str) -> Path:
     return cache_dir() / "profiles" / f"{target}.json"
 
@@ -98,12 +139,21 @@ def load_profile(target: str | Profile) -> Profile:
         return target
     bundled = load_bundled(target)
     calibrated = calibrated_path(target)
-    if not calibrated.is_file():
+    try:
+        if not calibrated.is_file():
+            return bundled
+        measured = json.loads(calibrated.read_bytes().decode("utf-8"))
+        for key in _KNOWLEDGE:
+            measured.pop(key, None)
+        return _from_json(json.dumps({**asdict(bundled), **measured}))
+    except (OSError, ValueError, TypeError, AttributeError) as error:  # a file of the cache never stops planning
+        warnings.warn(
+            f"eqsat: ignoring the calibrated profile {calibrated} ({type(error).__name__}: {error}); the bundled "
+            f"{target!r} profile is used (run `python -m eqsat calibrate` to measure again)",
+            EqsatWarning,
+            stacklevel=2,
+        )
         return bundled
-    measured = json.loads(calibrated.read_text())
-    for key in _KNOWLEDGE:
-        measured.pop(key, None)
-    return _from_json(json.dumps({**asdict(bundled), **measured}))
 
 
 _KNOWLEDGE = ("disabled_rules", "notes")  # bundled facts about a target, never taken from a calibration

@@ -12,8 +12,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from eqsat.census import Census
 from eqsat.extract import provenance
-from eqsat.extract.changes import Region, format_metric, plan_summary, ranked_ops, regions
+from eqsat.extract.changes import Region, format_metric, plan_summary, program_difference, ranked_ops, regions
 from eqsat.extract.cost import Cost
 from eqsat.extract.plan import Plan
 from eqsat.extract.views import (
@@ -192,6 +193,8 @@ svg .cluster .title { font-weight: bold; fill: #3a4660; cursor: pointer; }
 svg .collapsed rect { fill: #eef1f6; stroke: #8a94a6; cursor: pointer; }
 svg .collapsed.changed rect { fill: #fff1dc; stroke: #e07b00; stroke-width: 2; }
 svg .collapsed text:first-of-type { font-weight: bold; }
+.census { border: 1px solid #ccc; background: #fcfcfc; } .census svg { font-family: monospace; font-size: 12px; }
+.census .measured { fill: #8a94a6; } .census .roofline { fill: #1f6fd1; } .census .chosen { fill: #ffb347; }
 """
 
 
@@ -248,7 +251,7 @@ def _plan_tables(plan: Plan) -> list[str]:
     summary = plan_summary(plan)
     costs = [[n, *pair] for n, *pair in zip(_AMOUNTS, _amounts(plan.original), _amounts(plan.predicted), strict=True)]
     costs.append(["speed-up", "", f"{plan.predicted_speedup:.2f}x"])
-    shown = ("target", "stop reason", "iterations", "e-nodes", "fallback")
+    shown = ("target", "stop reason", "iterations", "e-nodes", "fallback", "overflow guard")
     saturation = [[k, format_metric(k, summary[k])] for k in shown]
     saturation += [[k, f"{v * 1e3:.1f} ms"] for k, v in plan.stats.items() if k.endswith("_s")]
     rules = [[name, count] for name, count in sorted(plan.rules_fired.items(), key=lambda kv: (-kv[1], kv[0]))]
@@ -272,20 +275,75 @@ def _per_node(plan: Plan) -> str:
     return _table(header, rows, left=5, ident="per-node", attrs=attrs)
 
 
-def to_html(plan: Plan, path: str | Path, versus: Plan | None = None, labels: tuple[str, str] = ("a", "b")) -> Path:
+# the kernel classes the census chart draws, the most time first; the rest are summed in one row
+CENSUS_ROWS = 24
+
+
+def _census_section(found: Census) -> tuple[list[str], dict[str, Any]]:
+    """The census (eqsat/census.py) as a chart report.js draws (time per kernel class, every occurrence: measured
+    alone, its roofline, the chosen alternative's beside it) and a table of its summary lines."""
+    ranked = sorted(found.kernels, key=lambda k: -(k.total_s or 0.0))
+    rows = []
+    for k in ranked[:CENSUS_ROWS]:
+        chosen = None
+        if k.chosen_count and k.chosen_s is not None and k.measured_s is not None:
+            chosen = (k.count - k.chosen_count) * k.measured_s + k.chosen_count * k.chosen_s
+        rows.append(
+            {
+                "label": f"{k.count} x {k.name} {k.detail}",
+                "measured": k.total_s,
+                "roofline": k.count * k.roofline_s,
+                "chosen": chosen,
+                "chosenName": k.chosen,
+            }
+        )
+    rest = ranked[CENSUS_ROWS:]
+    if rest:
+        rows.append(
+            {
+                "label": f"{len(rest)} more kernel classes",
+                "measured": sum(k.total_s or 0.0 for k in rest),
+                "roofline": sum(k.count * k.roofline_s for k in rest),
+                "chosen": None,
+                "chosenName": "",
+            }
+        )
+    body = [
+        "<h2>Where the time goes: the kernel census</h2>",
+        "<p>" + "<br>".join(html.escape(line.strip()) for line in found.summary()) + "</p>",
+        '<p class="legend"><span style="background:#8a94a6">measured alone</span>'
+        '<span style="background:#1f6fd1">roofline</span><span style="background:#ffb347">the plan\'s '
+        "alternative</span>every occurrence of a kernel class added up; hover a bar for its figures</p>",
+        '<div id="census" class="census"></div>',
+    ]
+    return body, {"rows": rows, "original": found.original_s, "plan": found.plan_s}
+
+
+def to_html(
+    plan: Plan,
+    path: str | Path,
+    versus: Plan | None = None,
+    labels: tuple[str, str] = ("a", "b"),
+    census: Census | None = None,
+) -> Path:
     """Write a self-contained HTML report and return its path: the plan against its original program, or, with
-    `versus`, the two plans (two targets, two rule sets) against each other, region by region."""
+    `versus`, the two plans (two targets, two rule sets) against each other, region by region. `census`: the
+    program's kernel census (eqsat/census.py), drawn first as a chart."""
     if versus is None:
         if original_graph(plan) is None:
             raise ValueError("this plan has no record of its original program to draw it against")
         first, second = original_program(plan), plan_program(plan)
         names, rules, kinds = ("original", "plan"), plan.rules_fired, ("original", "plan")
         title = f"eqsat plan for target {plan.target}: {plan.predicted_speedup:.2f}x predicted"
+        comparable = True
     else:
         first, second = plan_program(plan), plan_program(versus)
         names, rules, kinds = labels, versus.rules_fired, ("original", "plan")
         title = f"eqsat plans {labels[0]} ({plan.target}) and {labels[1]} ({versus.target})"
-    found = regions(first, second, rules, versus is None or plan.target == versus.target)
+        different = program_difference(plan, versus, labels)
+        title += f", of different programs ({different})" if different else ""
+        comparable = plan.target == versus.target and not different  # no speed-up between two programs
+    found = regions(first, second, rules, comparable)
     only_first, only_second = unmatched(first, second)
     only_second |= {i for i, n in enumerate(second.nodes) if n.rewritten and versus is None}
     data = {
@@ -299,8 +357,10 @@ def to_html(plan: Plan, path: str | Path, versus: Plan | None = None, labels: tu
         f'<button data-fit="{pane}">fit</button></h3><div class="pane" id="{pane}"></div></div>'
         for name, p, t, pane in zip(names, (first, second), (time_a, time_b), ("pane-a", "pane-b"), strict=True)
     ]
+    chart, census_data = _census_section(census) if census is not None else ([], None)
     body = [
         f"<h1>{html.escape(title)}" + (" (FALLBACK: the original runs)" if plan.fallback else "") + "</h1>",
+        *chart,
         '<p class="legend"><span style="background:#ffb347">rewritten / new</span>'
         '<span style="background:#f4c2c2">replaced</span><span style="background:#e8eef7">input / constant</span>'
         '<span style="border-color:#e07b00;border-width:2px">changed cluster</span>'
@@ -318,14 +378,19 @@ def to_html(plan: Plan, path: str | Path, versus: Plan | None = None, labels: tu
     ]
     vendor = resources.files("eqsat.extract")
     scripts = (vendor / "vendor" / "elk.bundled.js").read_text() + "\n" + (vendor / "report.js").read_text()
-    graph_json = json.dumps(data).replace("</", "<\\/")  # never ends the script element early
+    graph_json = _script_json(data)
     page = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n<body>\n"
         + "\n".join(body)
         + f'\n<script type="application/json" id="graph-data">{graph_json}</script>\n'
+        + (f'<script type="application/json" id="census-data">{_script_json(census_data)}</script>\n' if chart else "")
         + f"<script>\n{scripts}\n</script>\n</body></html>\n"
     )
     path = Path(path)
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def _script_json(data: Any) -> str:
+    return json.dumps(data).replace("</", "<\\/")  # never ends the script element early

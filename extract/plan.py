@@ -59,6 +59,9 @@ class Plan:
     blamed: list[str] | None = None  # after a failed validation: the rules the mismatching result depends on
     original_seconds: list[float] = field(default_factory=list)  # predicted time of each original graph node
     measured: dict[str, Any] | None = None  # the plan timed against the original after validation (eqsat/guard.py)
+    # the rules marked `; @real` that fired for a rewritten plan: its results are checked for inf and NaN on device,
+    # the original running where any is (backends/lower.py overflow_guarded); empty: not guarded
+    overflow_guard: list[str] = field(default_factory=list)
     # per node: the graph nodes it stands for (eqsat/repeats.py copies a block's plan into each layer with them)
     members: list[list[int]] = field(default_factory=list, repr=False, compare=False)
 
@@ -84,6 +87,13 @@ class Plan:
             and len(self.nodes) == self.stats.get("original_nodes")
             and not self.stats.get("bodies_rewritten")
         )
+
+    def rewritten_frontier(self) -> list[int]:
+        """The rewritten nodes whose values the rest of the program reads as the original's (results, and inputs
+        of nodes kept from the original): where these are finite, what follows them computes as the original."""
+        read = set(self.outputs)
+        read.update(j for node in self.nodes if not node.rewritten for j in node.inputs)
+        return [i for i in sorted(read) if self.nodes[i].rewritten]
 
     def rules_involved(self) -> list[str]:
         """The rules a mismatch depends on, where validation found one (re-planning with subsets of the fired
@@ -129,6 +139,11 @@ class Plan:
             )
         if self.measured:
             lines.append(f"  measured         {guard.describe(self.measured)}")
+        if self.overflow_guard and not self.fallback:
+            lines.append(
+                "  overflow guard   guarded: rewritten values checked for inf/NaN on device, the original run where "
+                f"any is (@real rules fired: {', '.join(self.overflow_guard)})"
+            )
         if self.fallback:
             lines.append(f"  FALLBACK         {self.fallback}")
         return "\n".join(lines)

@@ -199,7 +199,42 @@ class Pane {
   }
 }
 
+// the kernel census as bars, one row per kernel class: measured alone (grey), its roofline (a thin blue bar over
+// it), and the time of the alternative the plan runs instead (orange, beneath), on one linear scale of seconds
+function seconds(s) {
+  for (const [unit, scale] of [["s", 1], ["ms", 1e-3], ["µs", 1e-6]]) if (Math.abs(s) >= scale) return (s / scale).toPrecision(3) + " " + unit;
+  return (s / 1e-9).toPrecision(3) + " ns";
+}
+
+function drawCensus(root, data) {
+  const rowH = 3 * LINE_H / 2 + 6, labelChars = Math.min(70, Math.max(...data.rows.map((r) => r.label.length)));
+  const labelW = labelChars * CHAR_W + 2 * PAD, width = Math.max(root.clientWidth || 1200, labelW + 300);
+  const barW = width - labelW - 260, height = data.rows.length * rowH + 2 * PAD;
+  const top = Math.max(...data.rows.flatMap((r) => [r.measured || 0, r.roofline || 0, r.chosen || 0]), 1e-12);
+  const svg = el("svg", {width, height}, root);
+  data.rows.forEach((r, i) => {
+    const y = PAD + i * rowH, g = el("g", {class: "census-row"}, svg);
+    const label = r.label.length > labelChars ? r.label.slice(0, labelChars - 3) + "..." : r.label;
+    text(g, PAD, y + LINE_H, [label], {});
+    const bar = (cls, value, dy, h) => el("rect", {class: cls, x: labelW, y: y + dy, height: h,
+      width: Math.max(1, barW * value / top)}, g);
+    if (r.measured != null) bar("measured", r.measured, 2, LINE_H - 2);
+    bar("roofline", r.roofline, LINE_H / 2 - 1, 3);
+    if (r.chosen != null) bar("chosen", r.chosen, LINE_H + 1, LINE_H / 2);
+    const shown = r.measured == null ? "not measured" : seconds(r.measured);
+    text(g, labelW + barW * Math.max(r.measured || 0, r.roofline) / top + 6, y + LINE_H,
+      [shown + (r.chosen != null ? ` -> ${seconds(r.chosen)} (${r.chosenName})` : "")], {});
+    el("title", {}, g).textContent = `${r.label}\nmeasured alone ${r.measured == null ? "-" : seconds(r.measured)}, ` +
+      `roofline ${seconds(r.roofline)}` + (r.chosen != null ? `\nwith ${r.chosenName}: ${seconds(r.chosen)}` : "");
+  });
+  const b = svg.getBoundingClientRect();  // where the chart was drawn, in viewport pixels, for tests and tools
+  root.dataset.box = [b.left, b.top, b.right, b.bottom].map(Math.round).join(",");
+  root.dataset.rows = data.rows.length;
+}
+
 (async () => {
+  const census = document.getElementById("census-data");
+  if (census) drawCensus(document.getElementById("census"), JSON.parse(census.textContent));
   const panes = {};
   for (const [id, data] of Object.entries(JSON.parse(document.getElementById("graph-data").textContent))) {
     panes[id] = new Pane(document.getElementById(id), data);

@@ -8,6 +8,10 @@ A cache measured elsewhere (a GPU machine) is imported with `python -m eqsat tun
 for the profile that names that device. A new shape of a kernel measured before is priced from the nearest shape
 measured (`transferred`) instead of measured again: what a kernel achieves against its roofline changes little
 between nearby shapes, and the plan's guard times the result anyway.
+
+A timing is a finite positive number of seconds: anything else is refused at import (the error names the entry)
+and left out, with a warning, where a cache file is read for planning; no cache file, however damaged, stops a
+function from being planned, and a cache that cannot be written keeps its timings in memory.
 """
 
 import json
@@ -16,21 +20,25 @@ import math
 import re
 import threading
 import time
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import jax
 import jaxlib
 import numpy as np
 
 from eqsat import progress
-from eqsat.extract.cost import Profile, cache_dir, node_cost, node_key
+from eqsat.errors import EqsatWarning
+from eqsat.extract.cost import Profile, cache_dir, keep_cache_file, node_cost, node_key, write_cache_file
 from eqsat.measure import median_time
 from eqsat.ops import OPS, CostClass, infer
 from eqsat.sample import example_array
 from eqsat.saturate import Snapshot
 
-FORMAT = 1
+FORMAT = 2  # 2: kernels too fast to measure listed in "too_fast" (1 wrote them as null timings)
 Shape = tuple[int, ...]
 log = logging.getLogger("eqsat")
 
@@ -65,16 +73,15 @@ class TimingCache:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def to_json(self) -> str:
-        data = {"format": FORMAT, "device": self.device, "versions": self.versions, "entries": self.entries}
-        return json.dumps(data, indent=1, sort_keys=True)
+        seconds = {k: v for k, v in self.entries.items() if v is not None}
+        too_fast = sorted(k for k, v in self.entries.items() if v is None)
+        data = {"format": FORMAT, "device": self.device, "versions": self.versions, "entries": seconds}
+        return json.dumps({**data, "too_fast": too_fast}, indent=1, sort_keys=True, allow_nan=False)
 
     def save(self) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(self.path)  # atomic: a reader in another process sees the old file or the new one
+        """Write the cache to its path (OSError where it cannot: `measure` keeps it in memory instead)."""
+        if self.path is not None:
+            write_cache_file(self.path, self.to_json())
 
     def merge(self, other: "TimingCache") -> int:
         """Take another cache's entries for the same device and versions; returns how many were new."""
@@ -88,16 +95,53 @@ class TimingCache:
         return len(new)
 
 
-def parse(text: str, origin: str) -> TimingCache:
-    """A timing cache from its JSON text; `origin` names the file in errors."""
+def parse(text: str | bytes, origin: str, drop_bad: bool = False) -> TimingCache:
+    """A timing cache from its JSON text; `origin` names the file in errors. A timing that is not a finite positive
+    number of seconds, or a key not shaped as a kernel's, is an error that names it; with `drop_bad` (a cache file read
+    for planning) it is left out, with a warning."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as error:
+    except ValueError as error:  # not JSON, or bytes that are not UTF-8
         raise ValueError(f"{origin}: not a timing cache (invalid JSON: {error})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("entries"), dict):
-        raise ValueError(f"{origin}: not a timing cache of format {FORMAT}")
-    entries = {str(k): None if v is None else float(v) for k, v in data["entries"].items()}
-    return TimingCache(str(data["device"]), str(data["versions"]), entries)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{origin}: not a timing cache of format {FORMAT} (format: {found!r})")
+    fields = {"device": str, "versions": str, "entries": dict, "too_fast": list}
+    for name, kind in fields.items():
+        if not isinstance(data.get(name), kind):
+            raise ValueError(f"{origin}: {name!r} must be a JSON {kind.__name__}, found {data.get(name)!r}")
+    entries: dict[str, float | None] = {}
+    bad = []
+    for key, seconds in data["entries"].items():
+        if not _kernel_key(key):
+            bad.append(f"key {key!r} is not a kernel's key ([op, attributes, input shapes, dtype])")
+        elif isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds < math.inf:
+            bad.append(f"{key}: {seconds!r} is not a timing (a finite positive number of seconds)")
+        else:
+            entries[key] = float(seconds)
+    for key in data["too_fast"]:
+        if _kernel_key(key):
+            entries.setdefault(key, None)
+        else:
+            bad.append(f"too_fast: {key!r} is not a kernel's key")
+    if bad:
+        problem = bad[0] + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+        if not drop_bad:
+            raise ValueError(f"{origin}: {problem}")
+        warnings.warn(f"eqsat: ignoring entries of the timing cache {origin}: {problem}", EqsatWarning, stacklevel=3)
+    return TimingCache(data["device"], data["versions"], entries)
+
+
+def _kernel_key(key: object) -> bool:
+    """Whether a key is shaped as node_key writes it: [op, attributes, input shapes (lists of sizes), dtype] (an op
+    this eqsat lacks is kept: another version's entry, never asked for here)."""
+    try:
+        op, _, shapes, dtype = json.loads(key)  # type: ignore[arg-type]
+        sizes = [d for shape in shapes for d in shape]
+    except (TypeError, ValueError):
+        return False
+    whole = all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in sizes)
+    return isinstance(op, str) and isinstance(dtype, str) and isinstance(shapes, list) and whole
 
 
 def cache_path(device: str) -> Path:
@@ -116,13 +160,14 @@ def cache_for(device: str) -> TimingCache:
         if key not in _LOADED:
             path = cache_path(device)
             cache = TimingCache(device, versions(), path=path)
-            if path.is_file():
-                try:
-                    stored = parse(path.read_text(), str(path))
-                    if stored.versions == cache.versions and stored.device == device:
-                        cache.entries = stored.entries
-                except ValueError as error:
-                    log.warning("eqsat: ignoring the timing cache %s", error)
+            try:
+                stored = parse(path.read_bytes(), str(path), drop_bad=True)
+                if stored.versions == cache.versions and stored.device == device:
+                    cache.entries = stored.entries
+            except (FileNotFoundError, NotADirectoryError):  # nothing measured yet
+                pass
+            except (OSError, ValueError) as error:  # measured again, and written over where the cache can be
+                warnings.warn(f"eqsat: ignoring the timing cache {path}: {error}", EqsatWarning, stacklevel=3)
             _LOADED[key] = cache
         return _LOADED[key]
 
@@ -160,14 +205,22 @@ def measure_one(wanted: Wanted) -> float | None:
         args = tuple(
             jax.numpy.asarray(example_array(s, d, rng)) for s, d in zip(wanted.in_shapes, wanted.in_dtypes, strict=True)
         )
-        fn = jax.jit(lambda *xs: spec.lower(wanted.attrs, *xs))
+        return time_alone(jax.jit(lambda *xs: spec.lower(wanted.attrs, *xs)), args)
+
+
+def time_alone(fn: Callable[..., Any], args: tuple) -> float | None:
+    """Median seconds of a few runs of a jitted kernel, call overhead off; None below two calls' overhead."""
+    with jax.ensure_compile_time_eval():
         seconds = median_time(fn, args, 0.0, 3, 0.002)  # kernel choices differ by integer factors: 3 runs tell
         overhead = _call_overhead()
         return seconds - overhead if seconds > 3 * overhead else None
 
 
-def measure(cache: TimingCache, wanted: list[Wanted], budget: float) -> dict[str, int]:
+def measure(
+    cache: TimingCache, wanted: list[Wanted], budget: float, timer: Callable[[Wanted], float | None] | None = None
+) -> dict[str, int]:
     """Measure the wanted nodes the cache lacks, in order, until `budget` seconds are spent; save the cache.
+    `timer`: how one is measured (a kernel of the op table by default).
 
     Returns counts: hits (already cached), measured, skipped (over budget)."""
     missing = list({w.key: w for w in wanted if w.key not in cache.entries}.values())
@@ -182,7 +235,7 @@ def measure(cache: TimingCache, wanted: list[Wanted], budget: float) -> dict[str
             counts["skipped"] = len(missing) - k
             break
         try:
-            seconds = measure_one(item)
+            seconds = (timer or measure_one)(item)
         except Exception as error:  # a node that does not compile alone keeps its roofline price
             log.info("eqsat: could not measure %s: %s", item.key, error)
             continue
@@ -190,7 +243,8 @@ def measure(cache: TimingCache, wanted: list[Wanted], budget: float) -> dict[str
             cache.entries[item.key] = seconds
         counts["measured"] += 1
         progress.step("measure", f"measure: {item.op} {k + 1}/{len(missing)}", k + 1, len(missing))
-    cache.save()
+    if cache.path is not None:
+        keep_cache_file(cache.path, cache.to_json())
     return counts
 
 

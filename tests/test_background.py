@@ -52,6 +52,24 @@ def test_the_first_call_runs_jax_jits_program_and_a_later_call_the_validated_pla
     assert fast._dispatch is warm  # the call switched to it: nothing traced or compiled in the call
 
 
+def test_a_settled_signature_is_called_through_jax_jits_dispatch_alone(monkeypatch):
+    fast = eqsat.optimize(_program(), background=True)
+    fast(X, W1, W2)
+    fast.plan(X, W1, W2)
+    fast(X, W1, W2)  # switches to the plan and settles
+    slow, finished = [], []
+    monkeypatch.setattr(fast, "_call", lambda *a: slow.append(a) or eqsat.api.Optimized._call(fast, *a))
+    monkeypatch.setattr(
+        fast, "_finish", lambda *a, **k: finished.append(a) or eqsat.api.Optimized._finish(fast, *a, **k)
+    )
+    for _ in range(5):
+        np.testing.assert_allclose(fast(X, W1, W2), X @ (W1 + W2), rtol=1e-6)
+    assert not slow and not finished  # nothing but jax.jit's call
+    x = jnp.ones((7, 4))  # a new signature: its trace moves the epoch, and the call settles what it built
+    np.testing.assert_allclose(fast(x, W1, W2), x @ (W1 + W2), rtol=1e-6)
+    assert finished and fast.plan(x, W1, W2).rewritten_ops()
+
+
 def test_a_wrong_plan_found_in_the_background_warns_and_the_original_keeps_running():
     fast = eqsat.optimize(lambda a, b: jnp.tanh(a + b), rules=['(rewrite (Tanh x) x :name "wrong")'], background=True)
     a, b = jnp.ones((64, 64)), jnp.full((64, 64), 2.0)
@@ -91,7 +109,7 @@ def test_forgetting_plans_while_one_is_built_is_harmless():
     fast(X, W1, W2)
     job = _entry(fast).job
     fast.clear_cache()
-    job.result()
+    job.exception()  # waits: the plan is built, or dropped (Stopped) once its pending entry is forgotten
     for _ in range(2):
         np.testing.assert_allclose(fast(X, W1, W2), expected, rtol=1e-6)
     assert fast.plan(X, W1, W2).rewritten_ops()
@@ -129,6 +147,40 @@ def test_a_process_exits_without_waiting_for_the_plan_being_built(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "result: 4.56" in done.stdout and "job: Stopped" in done.stdout, done.stdout
     assert time.perf_counter() - start < 45  # the saturation alone would take 60 s
+
+
+def test_a_process_that_exits_while_a_plan_compiles_its_reference_prints_no_warning(tmp_path):
+    """The process exits just as the plan being built hands its reference compile to another thread: threading's
+    exit hooks have begun, which refuse new threads and futures; the plan is dropped without a warning."""
+    script = textwrap.dedent(
+        """
+        import threading, time
+        import jax.numpy as jnp
+        import eqsat
+        from eqsat import planning
+
+        reached, exiting = threading.Event(), threading.Event()
+        threading._register_atexit(exiting.set)  # registered last: the first exit hook to run
+        compiler = planning._COMPILER
+
+        class AtExit:  # hands the reference compile over once the process has begun to exit
+            def submit(self, *args):
+                reached.set()
+                exiting.wait()
+                time.sleep(1.0)
+                return compiler.submit(*args)
+
+        planning._COMPILER = AtExit()
+        fast = eqsat.optimize(lambda x, w1, w2: x @ w1 + x @ w2, background=True)
+        print("result:", float(fast(jnp.ones((3, 4)), jnp.ones((4, 5)), jnp.ones((4, 5))).sum()))
+        assert reached.wait(60)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=_env(tmp_path)
+    )
+    assert done.returncode == 0 and "result: 120.0" in done.stdout, done.stderr
+    assert "EqsatWarning" not in done.stderr and "could not plan" not in done.stderr, done.stderr
 
 
 def _env(tmp_path):

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-import eqsat  # noqa: F401 - first: extract.cost imported alone would meet eqsat's import cycle half-way
+import eqsat  # first: extract.cost imported alone would meet eqsat's import cycle half-way
 from eqsat.extract.cost import load_bundled, load_profile, node_cost
 
 
@@ -54,3 +54,13 @@ def test_fidelity_is_computed_on_tiny_candidates(cache):
     result = evaluate(cands, load_profile("cpu"), seconds=0.02)
     assert len(result["rows"]) == 4 and all(r["measured_s"] > 0 and r["predicted_s"] > 0 for r in result["rows"])
     assert -1.0 <= result["spearman"] <= 1.0
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe{", b"{not json", b"[1, 2]"], ids=["not-utf8", "not-json", "a-list"])
+def test_an_unreadable_calibrated_profile_never_stops_planning(cache, content):
+    """A calibrated profile in the cache that cannot be read (bad bytes: a UnicodeDecodeError from every
+    optimize() until it was deleted) gives the bundled profile, with a warning naming the file."""
+    (cache / "profiles").mkdir()
+    (cache / "profiles" / "cpu.json").write_bytes(content)
+    with pytest.warns(eqsat.EqsatWarning, match="ignoring the calibrated profile .*cpu.json"):
+        assert load_profile("cpu") == load_bundled("cpu")

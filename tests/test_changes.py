@@ -3,7 +3,7 @@
 import pytest
 from rich.console import Console
 
-from eqsat.extract import changes
+from eqsat.extract import changes, html_report
 from eqsat.extract.views import plan_program
 
 
@@ -21,6 +21,22 @@ def test_compare_prints_a_table_and_returns_its_data(plans, capsys):
     assert list(labelled) == ["before", "after"]
     with pytest.raises(ValueError, match="distinct labels"):
         changes.compare(plans["cpu"], plans["h100"], labels=["x", "x"])
+
+
+def test_compare_of_plans_of_two_programs_says_they_are_different_programs(plans, capsys, tmp_path):
+    data = changes.compare(plans["cpu"], plans["chain"], labels=["mine", "theirs"], console=Console(width=400))
+    printed = capsys.readouterr().out
+    note = "mine and theirs are plans of different programs (input a only in theirs): the regions compare them"
+    assert note in printed and data["theirs"]["different program"] == "input a only in theirs"
+    assert printed.index(note) < printed.index("regions that differ, mine -> theirs: ")
+    assert not any(line.endswith("x)") or "x); from" in line for line in data["theirs"]["regions vs first"])
+    assert "plans of different programs (input a only in b)" in changes.diff(plans["cpu"], plans["chain"])
+    page = html_report.to_html(plans["cpu"], tmp_path / "two.html", versus=plans["chain"], labels=("mine", "theirs"))
+    assert "of different programs (input a only in theirs)" in page.read_text()
+    # one program planned for two targets: no note
+    data = changes.compare(plans["cpu"], plans["h100"], console=Console(width=400))
+    assert "different programs" not in capsys.readouterr().out and data["h100"]["different program"] is None
+    assert not any("different programs" in line for line in changes.diff(plans["cpu"], plans["h100"]))
 
 
 def test_diff_names_changed_ops_and_subgraphs(plans):

@@ -3,6 +3,7 @@
 import io
 import logging
 import re
+import signal
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 import eqsat
+import eqsat.__main__
 from eqsat import progress
 from eqsat.__main__ import main
 from eqsat.extract import report
@@ -49,19 +51,24 @@ def test_optimize_bench_then_compare_saved_plans(tmp_path, capsys):
     assert f"eqsat plans {cpu} (cpu) and {h100} (h100)" in both.read_text()
     assert main(["compare", str(cpu), "--html", str(both)]) == 2
     assert "--html draws two plans" in capsys.readouterr().err
+    assert main(["compare", str(cpu), str(cpu)]) == 2
+    assert capsys.readouterr().err == f"python -m eqsat compare: error: {cpu} given twice\n"
 
 
-def test_help_of_every_subcommand(capsys):
+def test_help_of_every_subcommand_has_examples_and_the_common_flags(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])
     assert exit_.value.code == 0
     names = re.search(r"\{([a-z,]+)\}", capsys.readouterr().out).group(1).split(",")
-    assert {"optimize", "compare", "demo"} <= set(names)
-    for name in names:
+    assert {"optimize", "compare", "demo", "fuzz", "rules"} <= set(names)
+    for argv in [[name] for name in names] + [["rules", "check"]]:
         with pytest.raises(SystemExit) as exit_:
-            main([name, "--help"])
+            main([*argv, "--help"])
         assert exit_.value.code == 0
-        assert "usage: python -m eqsat " + name in capsys.readouterr().out
+        printed = capsys.readouterr().out
+        assert "usage: python -m eqsat " + " ".join(argv) in printed
+        assert "examples:\n  python -m eqsat " in printed and "--no-progress" in printed, argv
+        assert "-v, --verbose" in printed, argv
     main_help = subprocess.run([sys.executable, "-m", "eqsat", "optimize", "--help"], capture_output=True, text=True)
     assert "--params-argnums" in main_help.stdout and "examples:" in main_help.stdout
 
@@ -92,6 +99,55 @@ def test_bad_arg_spec_is_an_argparse_error():
         [sys.executable, "-m", "eqsat", "optimize", "x:y", "--args", "f32[a]"], capture_output=True, text=True
     )
     assert done.returncode == 2 and "bad argument spec 'f32[a]'" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["optimize", "eqsat.examples:matmul_chain", "--iterations", "-3"], "--iterations"),
+        (["optimize", "eqsat.examples:matmul_chain", "--nodes", "1.5"], "--nodes"),
+        (["optimize", "eqsat.examples:matmul_chain", "--seconds", "nan"], "--seconds"),
+        (["optimize", "eqsat.examples:matmul_chain", "--measure", "0"], "--measure"),
+        (["tune", "eqsat.examples:matmul_chain", "--budget", "-1"], "--budget"),
+        (["demo", "--seconds", "inf"], "--seconds"),
+        (["calibrate", "--seconds", "0"], "--seconds"),
+        (["rules", "check", "--examples", "0"], "--examples"),
+        (["fuzz", "--n", "0"], "--n"),
+        (["fuzz", "--seed", "-1"], "--seed"),
+        (["fuzz", "--only", "x"], "--only"),
+        (["fuzz", "--jobs", "0"], "--jobs"),
+        (["fuzz", "--every", "0"], "--every"),
+    ],
+)
+def test_a_bad_number_is_an_argument_error(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: argument {flag}: expected a " in err and repr(argv[-1]) in err, err
+
+
+def test_optimize_with_negative_iterations_prints_no_traceback():
+    done = subprocess.run(
+        [sys.executable, "-m", "eqsat", "optimize", "eqsat.examples:matmul_chain", "--iterations", "-3"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "argument --iterations: expected a whole number of at least 0, got '-3'" in done.stderr
+
+
+def test_fuzz_takes_the_common_flags_and_no_progress_drops_its_progress_lines(capsys, monkeypatch):
+    monkeypatch.setenv("EQSAT_PLAN_STORE", "off")  # what the command sets for itself
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # the command's SIGTERM handler stays out of pytest
+    verbosity: list[int] = []
+    monkeypatch.setattr(eqsat.__main__, "configure_logging", verbosity.append)  # no handler left behind
+    assert main(["fuzz", "--n", "2", "--every", "1", "--no-progress", "-v"]) == 0
+    quiet = capsys.readouterr().out
+    assert "2 cases" in quiet and not re.search(r"^\d+ cases, \d\d:\d\d:\d\d$", quiet, re.M), quiet
+    assert verbosity == [1]
+    assert main(["fuzz", "--n", "2", "--every", "1"]) == 0
+    assert re.search(r"^2 cases, \d\d:\d\d:\d\d$", capsys.readouterr().out, re.M)
 
 
 def test_pipeline_reports_phases_as_log_records_and_stays_quiet_otherwise(capsys):

@@ -25,6 +25,22 @@ def test_untraceable_function():
     assert "eqsat.optimize traced branchy" in "\n".join(caught.value.__notes__)
 
 
+def test_a_traced_bool_names_the_users_function_and_argument_as_jax_jit_does():
+    def branchy(weights, x):
+        if x.sum() > 0:
+            return weights @ x
+        return x
+
+    messages = []
+    for traced in (jax.jit(branchy), eqsat.optimize(branchy)):
+        with pytest.raises(jax.errors.TracerBoolConversionError) as caught:
+            traced(jnp.ones((3, 3)), jnp.ones(3))
+        messages.append(str(caught.value))
+    assert "the function branchy at " in messages[1] and "the argument x." in messages[1], messages[1]
+    assert "flat_fun" not in messages[1] and "leaves[" not in messages[1]
+    assert messages[1] == messages[0]
+
+
 def test_non_array_argument():
     with pytest.raises(TypeError, match="as an abstract array"):
         eqsat.optimize(lambda x: x)("text")
@@ -32,7 +48,9 @@ def test_non_array_argument():
 
 def test_malformed_rule_file_names_file_and_line(tmp_path):
     path = tmp_path / "mine.egg"
-    path.write_text("; my rules\n(rewrite (Add a b) (Add b a))\n(rewrite (Add a b)\n  (Frobnicate a b))\n")
+    path.write_text(
+        '; my rules\n(rewrite (Add a b) (Add b a) :name "c")\n(rewrite (Add a b)\n  (Frobnicate a b) :name "f")\n'
+    )
     with pytest.raises(eqsat.RuleError, match=r"mine\.egg:4:3: invalid rule: .*Unbound function Frobnicate"):
         eqsat.optimize(lambda x: x, rules=[path])
 
@@ -44,9 +62,15 @@ def test_rule_name_used_twice_names_file_and_line(tmp_path):
         eqsat.optimize(lambda x: x, rules=[path])
 
 
-def test_unbalanced_rule_string():
-    with pytest.raises(eqsat.RuleError, match=r"<rules string 1>:1:\d+: invalid rule: .*parse error"):
-        eqsat.optimize(lambda x: x, rules=["(rewrite (Add a b) (Add b a)"])
+def test_an_unclosed_parenthesis_is_reported_where_it_opens(tmp_path):
+    # egglog reads on to the end of the file and reports it there (line 5 here)
+    path = tmp_path / "mine.egg"
+    path.write_text('; my rules\n(rewrite (Add a b) (Add b a) :name "c"\n\n(rewrite (Mul a b) (Mul b a) :name "m")\n')
+    never_closed = r"invalid rule: the parenthesis of \(rewrite ...\) that opens here is never closed"
+    with pytest.raises(eqsat.RuleError, match=rf"mine\.egg:2:1: {never_closed}"):
+        eqsat.optimize(lambda x: x, rules=[path])
+    with pytest.raises(eqsat.RuleError, match=r"<rules string 1>:2:20: .* \(Add ...\) that opens here is never closed"):
+        eqsat.optimize(lambda x: x, rules=["; mine\n(rewrite (Add a b) (Add b a"])  # the innermost of those left open
 
 
 def test_missing_rule_file_and_unknown_group():

@@ -1,4 +1,5 @@
-"""Never slower than jax.jit: a plan is timed against the original after validation and kept only if faster."""
+"""Never slower than jax.jit: a plan is timed against the original after validation; measured slower with
+confidence it is refused, faster it is kept, undecided it runs where the cost model predicts a clear gain."""
 
 from typing import Any
 
@@ -23,47 +24,84 @@ def _args(n: int) -> list[Any]:
     return [jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((n, n), (n, n), (n, 2))]
 
 
-def _clock(monkeypatch: pytest.MonkeyPatch, ratios: tuple[float, float, float]) -> list[int]:
-    """A fake clock: every measurement reports these (lower quartile, median, upper quartile) ratios."""
+def _clock(monkeypatch: pytest.MonkeyPatch, ratios: list[float]) -> list[int]:
+    """A fake clock: every measurement's rounds give these ratios (original time / plan time), stopping where
+    the sequential test decides."""
     calls = []
 
-    def compare(baseline: Any, candidate: Any, args: tuple, seconds: float, **_: Any) -> Comparison:
+    def compare(baseline: Any, candidate: Any, args: tuple, seconds: float, decided: Any, **_: Any) -> Comparison:
         calls.append(1)
         baseline(), candidate()  # both run, as the real measurement runs them
-        low, mid, high = ratios
-        return Comparison(1e-3, 1e-3 / mid, mid, low, high, 8)
+        rounds = next((ratios[:n] for n in range(3, len(ratios)) if decided(ratios[:n])), ratios)
+        return Comparison.of([1e-3] * len(rounds), [1e-3 / r for r in rounds], rounds)
 
     monkeypatch.setattr(guard, "compare", compare)
     return calls
 
 
-def test_a_plan_not_faster_beyond_noise_is_dropped_and_says_what_was_measured(monkeypatch):
-    calls = _clock(monkeypatch, (0.9, 1.1, 1.3))
+NOISY = [0.8, 1.3, 1.1, 0.9, 1.4, 1.2, 0.95, 1.25, 1.05, 0.85]  # 6 of 10 faster: a coin could do that
+SLOWER = [0.7, 0.8, 0.75, 0.9, 0.6, 0.85, 0.8, 0.7, 0.9, 0.8]
+FASTER = [1.5, 1.7, 1.4, 1.9, 1.6, 1.5, 1.8, 1.6, 1.7, 1.5]
+
+
+def test_a_plan_measured_slower_with_confidence_is_dropped_and_says_what_was_measured(monkeypatch):
+    calls = _clock(monkeypatch, SLOWER)
     fast = eqsat.optimize(_chain(), limits=GUARDED)
     args = _args(64)
     np.testing.assert_allclose(fast(*args), (args[0] @ args[1]) @ args[2], rtol=2e-3, atol=1e-3)
     plan = fast.plan(*args)
-    assert plan.rewritten_ops() and plan.measured["kept"] is False and plan.measured["ratio"] == 1.1
-    assert "not faster beyond noise: the original runs" in plan.fallback and "measured 1.10x" in plan.summary()
+    assert plan.rewritten_ops() and plan.measured["kept"] is False and plan.measured["decision"] == "slower"
+    assert plan.measured["rounds"] == 7 and plan.measured["confidence"] > 0.99  # stopped once decided
+    assert "slower with 99% confidence: the original runs" in plan.fallback and "faster in 0 of 7" in plan.summary()
     entry = next(iter(fast._cache.values()))
     assert entry.call is entry.original
     fast(*args)
     assert len(calls) == 1  # measured once per plan
+    assert guard.refused_for_good(plan.measured)
+
+
+def _guarded_plan(n: int) -> tuple[Any, Any]:
+    """The chain at n x n planned under the guard (the clock faked by the caller): its plan, and what runs."""
+    fast = eqsat.optimize(_chain(), limits=GUARDED)
+    args = _args(n)
+    fast(*args)
+    plan = fast.plan(*args)
+    entry = next(iter(fast._cache.values()))
+    return plan, entry.call is not entry.original
+
+
+def test_an_undecided_measurement_keeps_a_plan_predicted_clearly_faster(monkeypatch):
+    _clock(monkeypatch, NOISY)
+    plan, runs_plan = _guarded_plan(256)
+    assert plan.predicted_speedup >= guard.CLEAR_PREDICTION
+    assert plan.measured["decision"] == "undecided" and plan.measured["kept"] and plan.measured["rounds"] == 10
+    assert not guard.refused_for_good(plan.measured) and runs_plan
+
+
+def test_an_undecided_measurement_of_a_marginal_prediction_runs_the_original_but_stores_no_refusal(monkeypatch):
+    _clock(monkeypatch, NOISY)
+    monkeypatch.setattr(guard, "CLEAR_PREDICTION", 1e9)  # no prediction is clear
+    plan, runs_plan = _guarded_plan(64)
+    assert plan.measured["decision"] == "undecided" and not plan.measured["kept"] and not runs_plan
+    assert "measured again in the next" in plan.fallback and not guard.refused_for_good(plan.measured)
+
+
+def test_the_sign_test_decides_both_ways_and_only_past_chance():
+    assert guard.sign_test(7, 7)[0] == "faster" and guard.sign_test(0, 7)[0] == "slower"
+    assert guard.sign_test(6, 6)[0] == "undecided"  # 1.6%: not 99% sure
+    assert guard.sign_test(10, 11)[0] == "faster" and guard.sign_test(9, 10)[0] == "undecided"
+    assert guard.sign_test(3, 3) == ("undecided", pytest.approx(0.875))
 
 
 def test_a_faster_plan_is_kept(monkeypatch):
-    _clock(monkeypatch, (1.4, 1.6, 1.9))
-    fast = eqsat.optimize(_chain(), limits=GUARDED)
-    args = _args(64)
-    fast(*args)
-    plan = fast.plan(*args)
-    assert plan.measured["kept"] and plan.fallback is None
-    entry = next(iter(fast._cache.values()))
-    assert entry.call is not entry.original
+    _clock(monkeypatch, FASTER)
+    plan, runs_plan = _guarded_plan(64)
+    assert plan.measured["kept"] and plan.measured["decision"] == "faster" and plan.fallback is None
+    assert plan.measured["rounds"] == 7 and runs_plan
 
 
 def test_the_prepared_plan_is_what_gets_timed(monkeypatch):
-    calls = _clock(monkeypatch, (0.8, 0.95, 1.1))
+    calls = _clock(monkeypatch, SLOWER)
     fast = eqsat.optimize(lambda w, x: x @ w[0] + x @ w[1], params_argnums=0, limits=GUARDED)
     rng = np.random.default_rng(1)
     w = [jnp.asarray(rng.standard_normal((128, 128)), jnp.float32) for _ in range(2)]
@@ -82,7 +120,7 @@ def test_on_the_real_clock_a_large_gain_is_kept():
     args = _args(256)
     fast(*args)
     plan = fast.plan(*args)
-    assert plan.measured["kept"] and plan.measured["ratio"] > 1 and plan.measured["rounds"] >= 5, plan.measured
+    assert plan.measured["kept"] and plan.measured["ratio"] > 1 and plan.measured["rounds"] >= 3, plan.measured
 
 
 def test_a_zero_budget_measures_nothing():

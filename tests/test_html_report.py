@@ -1,5 +1,6 @@
 """extract.html_report: DOT, and the HTML report (ELK laid out, clusters by name stack), checked in Chromium."""
 
+import dataclasses
 import html
 import json
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import eqsat
+from eqsat import census
 from eqsat.examples import EXAMPLES
 from eqsat.extract import html_report, report
 from eqsat.extract.changes import diff_regions, regions
@@ -87,6 +89,8 @@ class _Drawn(HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.body: dict[str, str] = {}
+        self.census: dict[str, str] = {}  # the census chart's element
+        self.census_rows = 0
         self.boxes: list[dict] = []
         self._current: dict | None = None
         self._in_text = False
@@ -95,6 +99,10 @@ class _Drawn(HTMLParser):
         a = dict(attrs)
         if tag == "body":
             self.body = a
+        if tag == "div" and a.get("id") == "census":
+            self.census = a
+        if tag == "g" and a.get("class") == "census-row":
+            self.census_rows += 1
         if tag == "g" and "data-regions" in a:
             self._current = {"regions": a["data-regions"].split("|"), "box": a.get("data-box"), "text": []}
             self.boxes.append(self._current)
@@ -123,18 +131,24 @@ def _chromium(page: Path, *flags: str) -> subprocess.CompletedProcess:
         )
 
 
-def _check_in_chromium(plan: Plan, tmp_path: Path, name: str) -> None:
-    """Render the plan's report in headless Chromium: every named region drawn in both panes, inside the view, with
-    its name; a screenshot kept as the test's artifact (EQSAT_TEST_ARTIFACTS, .ci/run sets it)."""
+def _rendered(page: Path) -> tuple[_Drawn, int, int]:
+    """The page rendered in headless Chromium once its layout finished: what it drew, the view's width and height."""
     if not Path(CHROMIUM).exists():
         if os.environ.get("EQSAT_REQUIRE_BROWSER"):
             pytest.fail(f"{CHROMIUM} is absent and EQSAT_REQUIRE_BROWSER is set (.ci/run installs chromium)")
         pytest.skip(f"{CHROMIUM} is absent: install chromium to render the report headlessly")
-    page = html_report.to_html(plan, tmp_path / f"{name}.html")
     drawn = _Drawn()
     drawn.feed(_chromium(page, "--dump-dom").stdout)
     assert drawn.body.get("data-ready") == "yes", "the layout did not finish"
     width, height = map(int, drawn.body["data-viewport"].split(","))
+    return drawn, width, height
+
+
+def _check_in_chromium(plan: Plan, tmp_path: Path, name: str) -> None:
+    """Render the plan's report in headless Chromium: every named region drawn in both panes, inside the view, with
+    its name; a screenshot kept as the test's artifact (EQSAT_TEST_ARTIFACTS, .ci/run sets it)."""
+    page = html_report.to_html(plan, tmp_path / f"{name}.html")
+    drawn, width, height = _rendered(page)
     named = [r for r in diff_regions(plan) if r.scope]
     assert len(named) >= 4  # each layer's Q/K/V merge, attention and ffn at least
     for region in named:
@@ -144,6 +158,11 @@ def _check_in_chromium(plan: Plan, tmp_path: Path, name: str) -> None:
             left, top, right, bottom = map(int, box["box"].split(","))
             assert 0 <= left < right <= width and 0 <= top < bottom <= height, f"{region.name} outside the view"
             assert region.name.split("/")[-1] in " ".join(box["text"]), f"{region.name} is not named"
+    _screenshot(page, tmp_path, name)
+
+
+def _screenshot(page: Path, tmp_path: Path, name: str) -> None:
+    """A screenshot kept as the test's artifact (EQSAT_TEST_ARTIFACTS, .ci/run sets it)."""
     artifacts = Path(os.environ.get("EQSAT_TEST_ARTIFACTS", tmp_path))
     artifacts.mkdir(parents=True, exist_ok=True)
     shot = artifacts / f"{name}.png"
@@ -153,6 +172,23 @@ def _check_in_chromium(plan: Plan, tmp_path: Path, name: str) -> None:
 
 def test_bert_report_draws_every_changed_region_in_view_in_chromium(bert_small_plans, tmp_path):
     _check_in_chromium(bert_small_plans["h100"], tmp_path, "bert_small_report")
+
+
+def test_census_chart_is_drawn_in_view_in_chromium(bert_small_plans, tmp_path):
+    """The census (every kernel class of the small BERT, given times here: the chart is checked, not the clock)
+    drawn first in the report, one row per kernel class, inside the view."""
+    plan = bert_small_plans["cpu"]
+    found = census.take(plan, rules=(), budget=0)
+    found.kernels = [dataclasses.replace(k, measured_s=3 * k.roofline_s) for k in found.kernels]
+    found.original_s = sum(k.total_s for k in found.kernels)
+    page = html_report.to_html(plan, tmp_path / "census.html", census=found)
+    assert "Where the time goes" in page.read_text()
+    drawn, width, height = _rendered(page)
+    rows = min(len(found.kernels), html_report.CENSUS_ROWS + 1)
+    assert int(drawn.census["data-rows"]) == drawn.census_rows == rows
+    left, top, right, bottom = map(int, drawn.census["data-box"].split(","))
+    assert 0 <= left < right <= width and 0 <= top < bottom <= height, "the census chart is outside the view"
+    _screenshot(page, tmp_path, "census_report")
 
 
 @pytest.mark.slow

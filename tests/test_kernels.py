@@ -1,6 +1,6 @@
-"""Kernel selection for training steps: the ops that capture a depthwise conv's gradients (Dilate, ConvBG) and the
-shifted alternative of its weight gradient (ShiftConvBG) agree with lax.conv_general_dilated, and optimizing
-value_and_grad of a depthwise net rewrites its backward convs."""
+"""Kernel selection for training steps: the convs that capture a depthwise conv's gradients (lhs-dilated, batch
+grouped) and the shifted alternative of its weight gradient (ShiftConvBG) agree with lax.conv_general_dilated, and
+optimizing value_and_grad of a depthwise net rewrites its backward convs."""
 
 from typing import Any
 
@@ -13,7 +13,7 @@ from jax import lax
 import eqsat
 from eqsat.capture import capture
 from eqsat.egraph_check import evaluate
-from eqsat.ops import OPS, infer
+from eqsat.ops import OPS, ConvAttrs, infer
 
 DIMS = ("NHWC", "HWIO", "NHWC")
 
@@ -25,8 +25,8 @@ def _depthwise(x: Any, w: Any, stride: int, pads: tuple, dilation: int) -> Any:
     )  # fmt: skip
 
 
-def _captured(fn: Any, *args: Any) -> list[str]:
-    return [node.op for node in capture(jax.make_jaxpr(fn)(*args)).nodes]
+def _captured_convs(fn: Any, *args: Any) -> list[ConvAttrs]:
+    return [ConvAttrs(*node.attrs) for node in capture(jax.make_jaxpr(fn)(*args)).nodes if node.op == "Conv"]
 
 
 def _lowered(fn: Any, *args: Any) -> list[Any]:
@@ -53,9 +53,9 @@ def test_gradient_convs_lower_as_lax_computes_them(stride: int, pads: tuple, dil
     y, vjp = jax.vjp(lambda x, w: _depthwise(x, w, stride, pads, dilation), x, w)
     g = jnp.asarray(rng.standard_normal(y.shape), jnp.float32)
     want = vjp(g)
-    ops = _captured(vjp, g)
-    assert "ConvBG" in ops
-    assert ("Dilate" in ops) == (stride > 1)
+    convs = _captured_convs(vjp, g)
+    assert any(conv.batch_groups > 1 for conv in convs)  # the weight gradient
+    assert any(conv.lhs_dilation != (1, 1) for conv in convs) == (stride > 1)  # the strided conv's input gradient
     got = _lowered(lambda g: vjp(g), g)
     for a, b in zip(want, got, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
@@ -65,27 +65,19 @@ def test_gradient_convs_lower_as_lax_computes_them(stride: int, pads: tuple, dil
 def test_shifted_weight_gradient_matches_the_batch_grouped_conv(stride: int, pads: tuple, dilation: int, mult: int):
     rng = np.random.default_rng(stride + 3 * dilation)
     channels = 5
-    # canonical ConvBG operands: the forward input with batch and channels swapped, the cotangent as a kernel
+    # a weight gradient's operands: the forward input with batch and channels swapped, the cotangent as a kernel
     x = jnp.asarray(rng.standard_normal((channels, 12, 9, 3)), jnp.float32)
     (pt, pb), (pl, pr) = pads
-    attrs = (dilation, dilation, pt, pb, pl, pr, stride, stride, channels)
-    window = infer("ConvBG", attrs, (((channels, 12, 9, 3), "float32"), ((3, 3, 3, channels * mult), "float32")))
+    attrs = ConvAttrs(
+        (dilation,) * 2, (pt, pl), (pb, pr), (1, 1), (stride,) * 2, feature_groups=1, batch_groups=channels
+    )
+    window = infer("Conv", attrs, (((channels, 12, 9, 3), "float32"), ((3, 3, 3, channels * mult), "float32")))
     assert window is not None and window[0][0] == 1
     g = jnp.asarray(rng.standard_normal((3, 3, 3, channels * mult)), jnp.float32)
-    want = OPS["ConvBG"].lower(attrs, x, g)
+    want = OPS["Conv"].lower(attrs, x, g)
     got = OPS["ShiftConvBG"].lower(attrs, x, g)
     assert got.shape == want.shape == window[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-
-
-def test_dilate_is_lhs_dilation():
-    x = jnp.arange(2 * 3 * 4 * 2, dtype=jnp.float32).reshape(2, 3, 4, 2)
-    w = jnp.ones((2, 2, 2, 3), jnp.float32)
-    want = lax.conv_general_dilated(x, w, (1, 1), ((1, 1), (0, 2)), lhs_dilation=(2, 3), dimension_numbers=DIMS)
-    dilated = OPS["Dilate"].lower((2, 3), x)
-    assert dilated.shape == (2, 5, 10, 2)
-    got = OPS["Conv"].lower((1, 1, 1, 1, 0, 2, 1, 1, 1), dilated, w)
-    np.testing.assert_array_equal(got, want)
 
 
 def test_value_and_grad_of_a_depthwise_net_gets_shifted_backward_convs(decide_timings):
@@ -101,20 +93,24 @@ def test_value_and_grad_of_a_depthwise_net_gets_shifted_backward_convs(decide_ti
     step = jax.value_and_grad(loss, argnums=(0, 1, 2))
     limits = eqsat.Limits(seconds=300, measure_seconds=300)  # a loaded machine must not cut saturation short
     measured = eqsat.optimize(step, limits=limits).plan(x, w1, w2)
-    # the two forward convs, both input gradients (the strided one's through a Dilate) and both weight gradients
-    # have their shifted rival, and each was timed
+    # the two forward convs, both input gradients (the strided one's lhs-dilated, with its phases too) and both
+    # weight gradients have their shifted rival, and each was timed
     assert measured.rules_fired["depthwise-shifted"] >= 4 and measured.rules_fired["depthwise-grad-shifted"] >= 2
-    assert measured.stats["timing_measured"] == 10  # 12 nodes; two pairs share shapes and attributes
+    assert measured.rules_fired["transposed-phases"] >= 1
+    assert measured.stats["timing_measured"] == 11  # 13 nodes; two pairs share shapes and attributes
     # which rival wins is the timing cache's call, and a loaded machine moves it (the speed-up is a benchmark's
     # claim: benches/kernels.py). Here the cache says every shifted form wins, and the plan must take all six
-    assert decide_timings(alternatives_win=True) == {"ShiftConv", "ShiftConvBG", "Conv", "ConvBG"}
+    assert decide_timings(alternatives_win=True) == {"ShiftConv", "ShiftConvBG", "PhaseConv", "Conv"}
     fast = eqsat.optimize(lambda *args: step(*args), limits=limits)
     got, want = fast(x, w1, w2), jax.jit(step)(x, w1, w2)
     plan = fast.plan(x, w1, w2)
     assert plan.fallback is None and plan.stats["timing_measured"] == 0 and plan.stop_reason != "seconds"
-    ops = [node.op for node in plan.nodes]
-    kernels = [op for op in ops if op in ("Conv", "ConvBG", "ShiftConv", "ShiftConvBG")]
-    assert sorted(kernels) == ["ShiftConv"] * 4 + ["ShiftConvBG"] * 2, kernels
-    assert "Dilate" in ops
+    kernels = [node for node in plan.nodes if node.op in ("Conv", "ShiftConv", "ShiftConvBG", "PhaseConv")]
+    # the strided conv's input gradient takes its shifted or its phase form: both priced alike here
+    assert (
+        sorted(node.op for node in kernels if node.op != "PhaseConv")
+        == ["ShiftConv"] * (4 - sum(node.op == "PhaseConv" for node in kernels)) + ["ShiftConvBG"] * 2
+    ), kernels
+    assert any(ConvAttrs(*node.attrs).lhs_dilation == (2, 2) for node in kernels)
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4 * float(jnp.max(jnp.abs(a))))

@@ -15,7 +15,7 @@ from jax import lax
 import eqsat
 from eqsat.capture import capture
 from eqsat.ir import Graph
-from eqsat.ops import OPS, infer
+from eqsat.ops import OPS, ConvAttrs, infer
 from eqsat.rule_sources import collect
 from eqsat.saturate import Limits, Snapshot, saturate
 
@@ -61,11 +61,13 @@ def test_sliced_max_pool_of_integers_pads_with_the_lowest_value():
     np.testing.assert_array_equal(OPS["PoolMaxSliced"].lower(attrs, x), want)
 
 
-GROUPED = [  # (x shape, w shape, conv attrs: strides, pads, dilation, groups)
-    ((2, 7, 6, 4), (3, 3, 2, 6), (1, 1, 1, 1, 1, 1, 1, 1, 2)),
-    ((2, 7, 6, 4), (3, 2, 2, 4), (2, 1, 0, 1, 1, 0, 2, 1, 2)),
-    ((1, 8, 8, 12), (3, 3, 3, 8), (2, 2, 1, 1, 1, 1, 1, 1, 4)),
-    ((1, 5, 5, 6), (1, 1, 2, 9), (1, 1, 0, 0, 0, 0, 1, 1, 3)),
+GROUPED = [  # (x shape, w shape, conv attrs: strides, pads, lhs and rhs dilation, groups)
+    ((2, 7, 6, 4), (3, 3, 2, 6), ConvAttrs((1, 1), (1, 1), (1, 1), (1, 1), (1, 1), 2, 1)),
+    ((2, 7, 6, 4), (3, 2, 2, 4), ConvAttrs((2, 1), (0, 1), (1, 0), (1, 1), (2, 1), 2, 1)),
+    ((1, 8, 8, 12), (3, 3, 3, 8), ConvAttrs((2, 2), (1, 1), (1, 1), (1, 1), (1, 1), 4, 1)),
+    ((1, 5, 5, 6), (1, 1, 2, 9), ConvAttrs((1, 1), (0, 0), (0, 0), (1, 1), (1, 1), 3, 1)),
+    ((2, 9, 6), (3, 2, 6), ConvAttrs((1,), (2,), (0,), (1,), (1,), 3, 1)),  # 1-D, causal
+    ((1, 4, 5, 3, 4), (2, 3, 2, 2, 6), ConvAttrs((1, 2, 1), (1, 1, 0), (0, 1, 1), (2, 1, 1), (1, 1, 2), 2, 1)),
 ]
 
 

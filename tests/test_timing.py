@@ -2,7 +2,9 @@
 machines, and prices that decide the plan."""
 
 import dataclasses
+import errno
 import json
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,7 @@ import eqsat
 from eqsat.__main__ import main
 from eqsat.extract import timing
 from eqsat.extract.cost import Profile, load_profile, node_cost, node_key
+from eqsat.ops import ConvAttrs
 
 X = jnp.asarray(np.random.default_rng(0).standard_normal((2, 40, 40, 16)), jnp.float32)
 W = jnp.asarray(np.random.default_rng(1).standard_normal((3, 3, 1, 16)), jnp.float32)
@@ -29,8 +32,11 @@ def cache_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
+CONV_ATTRS = ConvAttrs((1, 1), (1, 1), (1, 1), (1, 1), (1, 1), 16, 1)  # 3x3 same, depthwise
+
+
 def _keys(op: str) -> str:
-    return node_key(op, (1, 1, 1, 1, 1, 1, 1, 1, 16), [X.shape, W.shape], "float32")
+    return node_key(op, CONV_ATTRS, [X.shape, W.shape], "float32")
 
 
 def test_kernel_choices_are_measured_once_and_kept(cache_dir):
@@ -77,14 +83,105 @@ def test_cache_files_are_checked_and_versioned(cache_dir, capsys):
     assert main(["tune", "--import", str(bad)]) == 2
     assert "bad.json" in capsys.readouterr().err
     bad.write_text(json.dumps({"format": 99, "entries": {}}))
-    with pytest.raises(ValueError, match="format 1"):
+    with pytest.raises(ValueError, match=f"format {timing.FORMAT}"):
         timing.parse(bad.read_text(), "bad.json")
+    for key in ("Conv", '["Conv", [], [[2, "x"]], "float32"]'):  # a key planning could not read as a kernel's
+        odd = timing.TimingCache("gpu:odd", timing.versions(), {key: 1e-3}).to_json()
+        with pytest.raises(ValueError, match="is not a kernel's key"):
+            timing.parse(odd, "odd.json")
     stale = timing.TimingCache("cpu:cpu", "jax 0.0.0, jaxlib 0.0.0", {_keys("Conv"): 1.0})
     (cache_dir / "timing").mkdir()
     (cache_dir / "timing" / "cpu_cpu.json").write_text(stale.to_json())
     assert timing.cache_for("cpu:cpu").entries == {}  # another jax may run the op differently: not trusted
     with pytest.raises(ValueError, match="cannot join"):
         timing.cache_for("cpu:cpu").merge(stale)
+
+
+def _cache_text(device: str, seconds: str) -> str:
+    """A timing cache's JSON with the Conv priced at `seconds` (JSON text, as a hand or another tool wrote it)."""
+    head = {"format": timing.FORMAT, "device": device, "versions": timing.versions(), "too_fast": []}
+    entries = {_keys("ShiftConv"): 1e-3, _keys("Conv"): "SECONDS"}
+    return json.dumps({**head, "entries": entries}).replace('"SECONDS"', seconds)
+
+
+@pytest.mark.parametrize("seconds", ["NaN", "Infinity", "-Infinity", "-1", "0", "null", '"1e-3"', "true", "[1]"])
+def test_a_timing_that_is_not_a_finite_positive_number_of_seconds_is_refused(cache_dir, capsys, seconds):
+    """tune --import names the entry and exits non-zero (a Dot priced at -1 s kept the slow one-hot matmul; NaN
+    made plans unstorable); the same entry in the cache directory is left out with a warning, the rest kept."""
+    source = cache_dir / "absurd.json"
+    source.write_text(_cache_text("gpu:absurd", seconds))
+    assert json.loads(source.read_text())["entries"][_keys("ShiftConv")] == 1e-3 or seconds in (
+        "NaN",
+        "Infinity",
+        "-Infinity",
+    )
+    assert main(["tune", "--import", str(source)]) == 2
+    err = capsys.readouterr().err
+    assert "absurd.json" in err and _keys("Conv") in err and "not a timing" in err
+    assert not (cache_dir / "timing").exists()  # nothing imported
+    (cache_dir / "timing").mkdir()
+    (cache_dir / "timing" / "gpu_absurd.json").write_text(_cache_text("gpu:absurd", seconds))
+    with pytest.warns(eqsat.EqsatWarning, match="ignoring entries of the timing cache"):
+        assert timing.cache_for("gpu:absurd").entries == {_keys("ShiftConv"): 1e-3}
+
+
+@pytest.mark.parametrize("where", ["a-file", "under-a-file", "read-only"])
+def test_a_cache_that_cannot_be_written_plans_in_memory_and_warns_once(tmp_path, monkeypatch, where):
+    """A cache path that is a file, lies under one, or is read-only (simulated: tests run as root, which writes
+    anywhere) stopped planning ("could not plan f (OSError: Read-only file system: .../timing)"): now the plan and
+    the kernel times stay in memory, with one warning per process that names where eqsat tried to write."""
+    from eqsat.extract import cost
+
+    monkeypatch.setattr(cost, "_UNWRITABLE", [], raising=False)  # as in a fresh process
+    monkeypatch.setenv("EQSAT_PLAN_STORE", "on")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cache = {"a-file": blocker, "under-a-file": blocker / "eqsat", "read-only": tmp_path / "cache"}[where]
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(cache))
+    if where == "read-only":
+        real_mkdir = Path.mkdir
+
+        def read_only(path: Path, *args, **kwargs) -> None:
+            if path.is_relative_to(cache):
+                raise OSError(errno.EROFS, "Read-only file system", str(path))
+            real_mkdir(path, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.warns(eqsat.EqsatWarning) as caught:
+        fast = eqsat.optimize(lambda x, w: depthwise(x, w))
+        np.testing.assert_allclose(fast(X, W), depthwise(X, W), rtol=1e-5, atol=1e-5)
+        plan = fast.plan(X, W)
+    assert plan.fallback is None and plan.stats["timing_measured"] == 2
+    (warning,) = [str(w.message) for w in caught]
+    assert f"cannot write its cache at {cache}" in warning and "memory" in warning
+    assert not cache.is_dir()
+    again = eqsat.optimize(lambda x, w: depthwise(x, w)).plan(X, W)  # the times measured are kept in memory
+    assert again.stats["timing_measured"] == 0 and again.stats["timing_hits"] == 2
+
+
+def test_tune_says_when_the_cache_cannot_be_written(tmp_path, monkeypatch, capsys):
+    """tune writes the timing cache, so there a cache path that is a file is an error that names it."""
+    from eqsat.extract import cost
+
+    monkeypatch.setattr(cost, "_UNWRITABLE", [], raising=False)  # as in a fresh process
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    source = tmp_path / "made-up.json"
+    source.write_text(timing.TimingCache("gpu:unwritable", timing.versions(), {_keys("Conv"): 1e-3}).to_json())
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(blocker))
+    assert main(["tune", "--import", str(source)]) == 2
+    assert f"{blocker}/timing" in capsys.readouterr().err
+    module = tmp_path / "dwmod_unwritable.py"
+    module.write_text(
+        "from jax import lax\n"
+        "def dw(x, w):\n    return lax.conv_general_dilated(x, w, (1, 1), 'SAME', "
+        "dimension_numbers=('NHWC', 'HWIO', 'NHWC'), feature_group_count=16)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.warns(eqsat.EqsatWarning, match="cannot write its cache"):
+        args = ["tune", "dwmod_unwritable:dw", "--args", "f32[2,40,40,16]", "f32[3,3,1,16]", "--no-progress"]
+        assert main(args) == 2
+    assert f"{blocker}/timing" in capsys.readouterr().err
 
 
 def test_tune_warms_and_exports(cache_dir, tmp_path, capsys):
@@ -147,8 +244,8 @@ def test_a_new_shape_is_priced_from_the_nearest_measured_one(cache_dir, shifted,
     cache = timing.cache_for("gpu:transfer")
     bare = load_profile("cpu")
     roofline = {b: node_cost("Conv", [(b, 40, 40, 16), W.shape], (b, 40, 40, 16), "float32", bare,
-                             (1, 1, 1, 1, 1, 1, 1, 1, 16)).seconds for b in (2, 3)}  # fmt: skip
-    conv_at_3 = node_key("Conv", (1, 1, 1, 1, 1, 1, 1, 1, 16), [x3.shape, W.shape], "float32")
+                             CONV_ATTRS).seconds for b in (2, 3)}  # fmt: skip
+    conv_at_3 = node_key("Conv", CONV_ATTRS, [x3.shape, W.shape], "float32")
     assert cache.transfers[conv_at_3] == pytest.approx(1e-3 * roofline[3] / roofline[2])
     assert conv_at_3 not in cache.entries
 
@@ -177,7 +274,7 @@ def test_a_close_choice_is_measured_at_the_new_shape(cache_dir):
 def test_a_kernel_too_fast_to_measure_passes_that_on_to_smaller_shapes_only(cache_dir):
     cache = timing.cache_for("cpu:cpu")
     cache.entries[_keys("Conv")] = None  # measured at batch 2 as faster than a few calls' overhead
-    attrs = (1, 1, 1, 1, 1, 1, 1, 1, 16)
+    attrs = CONV_ATTRS
 
     def wanted(batch: int) -> timing.Wanted:
         shapes = ((batch, 40, 40, 16), W.shape)

@@ -1,0 +1,245 @@
+"""Alternative kernel implementations: other ways to compute an op of the op table that XLA runs faster on some
+devices and shapes (eqsat/ops.py's entries marked `alternative` lower through these; rules/kernels.egg puts each
+beside the op it can replace, and the timing cache chooses)."""
+
+from collections.abc import Callable, Iterator
+from math import prod
+from typing import TYPE_CHECKING, Any
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+if TYPE_CHECKING:
+    from eqsat.ops import ConvAttrs, PoolAttrs
+
+Shape = tuple[int, ...]
+
+
+def conv_dimension_numbers(rank: int) -> lax.ConvDimensionNumbers:
+    """The layout every Conv of the op table is in, for any number of spatial axes: x (batch, spatial..., features),
+    w (spatial..., in, out), the output as x. Capture transposes other layouts into it (XLA folds the transposes)."""
+    spatial = tuple(range(1, rank - 1))
+    return lax.ConvDimensionNumbers(
+        (0, rank - 1, *spatial), (rank - 1, rank - 2, *range(rank - 2)), (0, rank - 1, *spatial)
+    )
+
+
+def conv(a: "ConvAttrs", x: Any, w: Any) -> Any:
+    """The convolution itself (lax.conv_general_dilated in the table's layout)."""
+    return lax.conv_general_dilated(
+        x,
+        w,
+        a.strides,
+        tuple(zip(a.pad_low, a.pad_high, strict=True)),
+        a.lhs_dilation,
+        a.rhs_dilation,
+        conv_dimension_numbers(x.ndim),
+        feature_group_count=a.feature_groups,
+        batch_group_count=a.batch_groups,
+    )
+
+
+def repeated_channels(x: Any, out_channels: int) -> Any:
+    """x with each channel (its last axis) repeated out_channels / C times: with a channel multiplier m, output
+    channel o reads input channel o // m."""
+    channels = x.shape[-1]
+    if out_channels == channels:
+        return x
+    m = out_channels // channels
+    return lax.reshape(lax.broadcast_in_dim(x, (*x.shape, m), tuple(range(x.ndim))), (*x.shape[:-1], out_channels))
+
+
+def accumulating(x: Any) -> Any:
+    """x in the dtype sums accumulate in: bf16/f16 accumulate in f32, as XLA's conv kernels do; integers in their own
+    type, as XLA's do."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return x
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def conv_input(a: "ConvAttrs", x: Any) -> Any:
+    """x as the convolution's window sees it: lhs-dilated (zeros between neighbours) and padded along the spatial
+    axes, in one lax.pad (negative padding crops)."""
+    spatial = [(lo, hi, d - 1) for lo, hi, d in zip(a.pad_low, a.pad_high, a.lhs_dilation, strict=True)]
+    return lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), *spatial, (0, 0, 0)])
+
+
+def window_taps(
+    x: Any, window: Shape, strides: Shape, dilation: Shape | None = None, out: Shape | None = None
+) -> Iterator[tuple[tuple[int, ...], Any]]:
+    """Each offset of a window sliding over every axis of x (already padded), with the strided slice of x it reads at
+    every window position: out[p] of the result at offset k is x[p * stride + k * dilation]. `out`: how many
+    positions per axis (default: as many as fit)."""
+    dilation = dilation or (1,) * x.ndim
+    if out is None:
+        out = tuple(
+            (n - d * (k - 1) - 1) // s + 1 for n, k, s, d in zip(x.shape, window, strides, dilation, strict=True)
+        )
+    for offset in np.ndindex(*window):
+        start = tuple(int(k) * d for k, d in zip(offset, dilation, strict=True))
+        limit = tuple(b + s * (n - 1) + 1 for b, s, n in zip(start, strides, out, strict=True))
+        yield tuple(int(k) for k in offset), lax.slice(x, start, limit, strides)
+
+
+def _conv_taps(a: "ConvAttrs", x: Any, kernel: Shape) -> Iterator[tuple[tuple[int, ...], Any]]:
+    """The kernel's spatial offsets, each with the slice of the conv's input it multiplies: [n, out..., channels]."""
+    for offset, tap in window_taps(conv_input(a, x), (1, *kernel, 1), (1, *a.strides, 1), (1, *a.rhs_dilation, 1)):
+        yield offset[1:-1], tap
+
+
+def shifted_conv(a: "ConvAttrs", x: Any, w: Any) -> Any:
+    """A depthwise convolution (one input channel per group) of any rank as a sum of shifted, strided slices of the
+    padded input times weight rows: XLA fuses it into one loop, where XLA:CPU's depthwise kernel runs one to three
+    orders of magnitude below roofline (DESIGN.md §2b, §2c)."""
+    *kernel, _, out_channels = w.shape
+    xa = accumulating(repeated_channels(x, out_channels))
+    total = None
+    for offset, tap in _conv_taps(a, xa, kernel):
+        tap = tap * w[(*offset, 0)].astype(xa.dtype)
+        total = tap if total is None else total + tap
+    return total.astype(x.dtype)
+
+
+def patch_conv(a: "ConvAttrs", x: Any, w: Any) -> Any:
+    """A grouped convolution (several input channels per group) of any rank as the kernel's shifted, strided slices
+    of the padded input stacked and one contraction batched over the groups; XLA:CPU's grouped conv kernel is
+    sometimes slower."""
+    groups = a.feature_groups
+    *kernel, per_group, out_channels = w.shape
+    taps = [tap for _, tap in _conv_taps(a, x, kernel)]
+    n, *out, _ = taps[0].shape
+    r, k = len(out), prod(kernel)
+    patches = lax.reshape(jnp.stack(taps, axis=r + 1), (n, *out, k, groups, per_group))
+    weights = lax.reshape(w, (k, per_group, groups, out_channels // groups))
+    dtype = jnp.result_type(x.dtype, w.dtype)
+    acc = jnp.promote_types(dtype, jnp.float32)  # bf16/f16 accumulate in f32 as the conv kernel does, f64 in f64
+    # contract taps and channels, batched over groups: [groups, n, out..., out_channels / groups]
+    y = lax.dot_general(patches, weights, (((r + 1, r + 3), (0, 1)), ((r + 2,), (2,))), preferred_element_type=acc)
+    y = lax.transpose(y, (1, *range(2, r + 2), 0, r + 2))
+    return lax.reshape(y, (n, *out, out_channels)).astype(dtype)
+
+
+def shifted_conv_bg(a: "ConvAttrs", x: Any, w: Any) -> Any:
+    """A conv with one batch row per batch group (the weight gradient of a depthwise conv), of any rank, as one fused
+    multiply-reduction per output position. x is the forward input with batch and channels swapped, (C, S..., N),
+    and w the output cotangent as a kernel, (K..., N, O); out[0, p, o] = sum over n, k of
+    xpad[n, p * stride + k * dilation, o // m] * g[n, k, o], m = O / C. XLA:CPU's batch-grouped kernel is as slow as
+    its depthwise one."""
+    *kernel, _, out_channels = w.shape
+    rank = x.ndim
+    forward = lax.transpose(x, (rank - 1, *range(1, rank - 1), 0))  # (N, S..., C)
+    xp = conv_input(a, accumulating(repeated_channels(forward, out_channels)))
+    g = lax.transpose(w, (rank - 2, *range(rank - 2), rank - 1)).astype(xp.dtype)  # (N, K..., O)
+    out = tuple(
+        (n - d * (k - 1) - 1) // s + 1
+        for n, k, s, d in zip(xp.shape[1:-1], kernel, a.strides, a.rhs_dilation, strict=True)
+    )
+    # the output positions are the offsets of a window of the output's size, dilated by the stride, whose slices step
+    # by the forward dilation over the kernel's extent
+    positions = window_taps(
+        xp, (1, *out, 1), (1, *a.rhs_dilation, 1), (1, *a.strides, 1), (xp.shape[0], *kernel, xp.shape[-1])
+    )
+    rows = [lax.reduce_sum(tap * g, tuple(range(rank - 1))) for _, tap in positions]
+    return lax.reshape(jnp.stack(rows), (1, *out, out_channels)).astype(x.dtype)
+
+
+def take_rows(_attrs: tuple, table: Any, ids: Any) -> Any:
+    """Rows of `table` by index, zero where the index is out of range: what one_hot(ids) @ table computes."""
+    rows = jnp.take(table, ids, axis=0, mode="fill", fill_value=0)
+    return jnp.where((ids >= 0)[..., None], rows, jnp.zeros((), table.dtype))
+
+
+def scatter_rows(attrs: tuple, rows: Any, ids: Any) -> Any:
+    """A zero table of `depth` rows with rows[n] added into row ids[n]: what one_hot(ids, depth).T @ rows computes,
+    an embedding's gradient. An id outside [0, depth) adds nothing, as its one-hot row is all zeros; jnp's indexing
+    would wrap a negative one, so every such id is sent past the end, where mode="drop" drops it."""
+    (depth,) = attrs
+    table = jnp.zeros((depth, *rows.shape[1:]), rows.dtype)
+    return table.at[jnp.where((ids >= 0) & (ids < depth), ids, depth)].add(rows, mode="drop")
+
+
+def masked_arg_reduce(attrs: tuple, x: Any) -> Any:
+    """The same index as the first position holding the max (min): a max, then a min of the positions equal to it,
+    two fused reductions where XLA:CPU's one (value, index) reduction runs 6-10x slower (benches/RESULTS.md). A NaN
+    is the extreme, as for lax.argmax: the max is then NaN, and the first NaN's position is taken."""
+    kind, axis, index_dtype = attrs
+    extreme = (lax.reduce_max if kind == "max" else lax.reduce_min)(x, (axis,))
+    hit = x == lax.broadcast_in_dim(extreme, x.shape, tuple(d for d in range(x.ndim) if d != axis))
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        hit = hit | (x != x)
+    positions = lax.broadcasted_iota(np.dtype(index_dtype), x.shape, axis)
+    past_end = lax.full(x.shape, x.shape[axis], np.dtype(index_dtype))
+    return lax.reduce_min(lax.select(hit, positions, past_end), (axis,))
+
+
+def pool_init(fn: str, dtype: Any) -> Any:
+    """The identity a window pads with: 0 for a sum, the lowest value (-inf for floats) for a max. A numpy scalar:
+    lax.reduce_window binds reduce_window_max / _sum only for a concrete identity, a traced one stays generic."""
+    if fn == "sum":
+        return np.zeros((), dtype)
+    return np.array(-np.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min, dtype)
+
+
+def sliced_pool(fn: str) -> Callable[..., Any]:
+    """The same window reduction, of any rank, as a max / sum over one strided slice of the padded input per window
+    offset: XLA fuses it into one loop, where XLA:CPU's reduce_window runs 2-5x slower (DESIGN.md §2b)."""
+
+    def lower(a: "PoolAttrs", x: Any) -> Any:
+        xp = lax.pad(x, pool_init(fn, x.dtype), [(lo, hi, 0) for lo, hi in zip(a.pad_low, a.pad_high, strict=True)])
+        total = None
+        for _, tap in window_taps(xp, a.window, a.strides):
+            total = tap if total is None else (lax.max(total, tap) if fn == "max" else lax.add(total, tap))
+        return total
+
+    return lower
+
+
+def broadcast_batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
+    """A batched matmul of tiny matrices as a broadcast multiply and a sum over the contracted axis: one fused loop,
+    where XLA:CPU runs one small GEMM per batch element."""
+    n = a.ndim
+    left = lax.expand_dims(a, (n,))  # [B..., M, K, 1]
+    right = lax.expand_dims(b, (n - 2,))  # [B..., 1, K, N]
+    return lax.reduce_sum(lax.mul(left, right), (n - 1,))
+
+
+def _phase_axis(p: int, s: int, low: int, n: int, k: int, out: int) -> tuple[slice, tuple[int, int, int], int, int]:
+    """Phase p of an axis dilated by s: the kernel taps it reads (k0, k0 + s, ...), the padding (negative: a crop)
+    of the undilated input that a stride-1 conv with those taps needs, how many outputs it has and how many taps."""
+    first = (low - p) % s
+    base = (p - low + first) // s  # the input position its first output's first tap reads
+    count = max(0, -(-(out - p) // s))
+    length = len(range(first, k, s))
+    return slice(first, None, s), (-base, count + length - 1 - n + base, 0), count, length
+
+
+def phase_conv(a: "ConvAttrs", x: Any, w: Any) -> Any:
+    """A convolution with lhs_dilation s (a transposed conv, a strided conv's input gradient) as its s^d phases:
+    output position s*q + p reads only the kernel taps k with (p + k - pad_low) divisible by s, so each phase is a
+    stride-1 conv of the undilated input with the kernel's taps k0, k0 + s, ... (no multiplications by the
+    inserted zeros), and the phases interleave (depth to space). Strided or rhs-dilated windows run as the conv."""
+    if any(s != 1 for s in (*a.strides, *a.rhs_dilation)):
+        return conv(a, x, w)
+    d, kernel, dilation = x.ndim - 2, w.shape[:-2], a.lhs_dilation
+    spatial = tuple(zip(x.shape[1:-1], dilation, a.pad_low, a.pad_high, kernel, strict=True))
+    out = tuple((n - 1) * s + 1 + lo + hi - k + 1 for n, s, lo, hi, k in spatial)
+    longest = tuple(-(-o // s) for o, s in zip(out, dilation, strict=True))  # ceil(out / s)
+    stride_one = a._replace(lhs_dilation=(1,) * d, pad_low=(0,) * d, pad_high=(0,) * d)
+    shape = (x.shape[0] // a.batch_groups, *longest, w.shape[-1])
+    phases = []
+    for phase in np.ndindex(*dilation):
+        axes = [_phase_axis(p, s, lo, n, k, o) for p, (n, s, lo, _, k), o in zip(phase, spatial, out, strict=True)]
+        if any(count == 0 or length == 0 for _, _, count, length in axes):
+            phases.append(jnp.zeros(shape, jnp.result_type(x.dtype, w.dtype)))
+            continue
+        shifted = lax.pad(x, lax.full((), 0, x.dtype), [(0, 0, 0), *(pad for _, pad, _, _ in axes), (0, 0, 0)])
+        y = conv(stride_one, shifted, w[(*(taps for taps, _, _, _ in axes), slice(None), slice(None))])
+        # a phase with fewer outputs than the longest gets zeros at its end, sliced off after interleaving
+        ends = [(0, q - count, 0) for (_, _, count, _), q in zip(axes, longest, strict=True)]
+        phases.append(lax.pad(y, lax.full((), 0, y.dtype), [(0, 0, 0), *ends, (0, 0, 0)]))
+    stacked = lax.reshape(jnp.stack(phases), (*dilation, *shape))  # (s..., N, Q..., O)
+    perm = (d, *(axis for i in range(d) for axis in (d + 1 + i, i)), 2 * d + 1)  # (N, Q1, s1, Q2, s2, ..., O)
+    whole = (shape[0], *(q * s for q, s in zip(longest, dilation, strict=True)), shape[-1])
+    interleaved = lax.reshape(lax.transpose(stacked, perm), whole)
+    return lax.slice(interleaved, (0,) * (d + 2), (shape[0], *out, shape[-1]))

@@ -1,0 +1,596 @@
+"""The kernel census: where a program's time goes, kernel by kernel, measured against the roofline.
+
+Every distinct kernel of the captured program (an op with its shapes, dtype and attributes; an opaque primitive
+with its parameters; a chain of elementwise ops as XLA fuses it into one loop) is timed alone on this device
+through the timing cache (extract/timing.py: a kernel measured before costs nothing; a new one is stored), within
+a budget, and set against its roofline price (extract/cost.py), with the alternatives the rules put beside it and
+the one the plan chose. The original program and the plan are timed end to end too, interleaved, so that each
+kernel's share is a share of a time the user can check.
+
+The census is a tool: `python -m eqsat profile` and `fast.profile(*args)` build one; the runtime never imports it.
+"""
+
+import dataclasses
+import hashlib
+import io
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jax
+from jax.core import ShapedArray
+
+from eqsat import progress
+from eqsat.extract import timing
+from eqsat.extract.cost import Profile, load_profile, node_cost, node_key
+from eqsat.extract.plan import Plan
+from eqsat.extract.views import seconds_text
+from eqsat.ir import Graph, Node
+from eqsat.measure import compare
+from eqsat.ops import OPS, CostClass
+from eqsat.rule_sources import RuleSource
+from eqsat.sample import example_like
+from eqsat.saturate import Limits, saturate
+
+FORMAT = "eqsat-census"
+VERSION = 1
+_FUSED = (CostClass.ELEMENTWISE, CostClass.BITCAST)  # XLA fuses these into loops with their neighbours
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # a function's address in a printed parameter differs per process
+# kernels alone adding up to more than this many times the program's time (or less than its inverse) are suspect
+_AGREE = 1.5
+_UNMEASURABLE = ("while",)  # a loop run on random inputs may not end: listed, timed only as part of the program
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One class of identical kernels of the program, and what the census found for it (times: one occurrence)."""
+
+    key: str  # its timing-cache key
+    kind: str  # "kernel" (an op of the table), "opaque" (a jax primitive eqsat does not model) or "fused"
+    name: str
+    detail: str  # input and output types, attributes
+    count: int
+    roofline_s: float
+    measured_s: float | None  # alone on this device; None: not measured (over the budget, or it failed)
+    alternatives: tuple[str, ...] = ()  # the other kernels its e-class holds
+    chosen: str = ""  # the alternative the plan runs instead, where it does
+    chosen_count: int = 0  # how many of the `count` occurrences run it
+    chosen_s: float | None = None  # the alternative alone, measured
+    scope: str = ""  # where the first occurrence sits in the program (jax's name stack)
+
+    @property
+    def total_s(self) -> float | None:
+        return None if self.measured_s is None else self.count * self.measured_s
+
+    @property
+    def lost_s(self) -> float | None:
+        """Time lost against the roofline over every occurrence."""
+        return None if self.measured_s is None else self.count * (self.measured_s - self.roofline_s)
+
+    @property
+    def saved_s(self) -> float | None:
+        """What running the chosen alternative saved over every occurrence it replaced, measured alone."""
+        if not self.chosen_count or self.measured_s is None or self.chosen_s is None:
+            return None
+        return self.chosen_count * (self.measured_s - self.chosen_s)
+
+
+@dataclass
+class Census:
+    """A program's kernels sorted by time lost against the roofline, and the program timed end to end."""
+
+    name: str
+    device: str
+    target: str
+    kernels: list[Kernel]
+    original_s: float | None = None  # the original program end to end (median of interleaved rounds)
+    plan_s: float | None = None  # what eqsat runs, end to end
+    rounds: int = 0
+    cached: int = 0  # kernels the timing cache held already
+    measured: int = 0  # kernels measured now (and stored)
+    skipped: int = 0  # kernels left unmeasured: over the budget, or failed
+    measure_s: float = 0.0
+    took_s: float = 0.0  # the census's own time: planning (or loading the plan), measuring, timing end to end
+    notes: list[str] = field(default_factory=list)
+
+    def share(self, kernel: Kernel) -> float | None:
+        """The kernel's time (every occurrence, alone) as a fraction of the original program's time."""
+        total = kernel.total_s
+        return None if total is None or not self.original_s else total / self.original_s
+
+    @property
+    def kernels_s(self) -> float:
+        """The measured kernels' times added up: what the shares sum to, times the program's time."""
+        return sum(k.total_s or 0.0 for k in self.kernels)
+
+    @property
+    def opaque_s(self) -> float:
+        """Time in primitives eqsat does not model (left untouched by every rewrite)."""
+        return sum(k.total_s or 0.0 for k in self.kernels if k.kind == "opaque")
+
+    def summary(self) -> list[str]:
+        lines = [f"census of {self.name} on {self.device} (target {self.target}): {len(self.kernels)} kernel classes"]
+        if self.original_s:
+            plan = f", eqsat's plan {seconds_text(self.plan_s)}" if self.plan_s else ""
+            ratio = f" ({self.original_s / self.plan_s:.2f}x)" if self.plan_s else ""
+            lines.append(
+                f"  end to end: original {seconds_text(self.original_s)}{plan}{ratio}, {self.rounds} interleaved rounds"
+            )
+            lines.append(
+                f"  kernels alone add up to {seconds_text(self.kernels_s)}, {self.kernels_s / self.original_s:.0%} of "
+                f"the original; opaque primitives (untouched by eqsat) {seconds_text(self.opaque_s)}, "
+                f"{self.opaque_s / self.original_s:.0%}"
+            )
+            if not 1 / _AGREE <= self.kernels_s / self.original_s <= _AGREE:
+                lines.append(
+                    "  the kernels alone are far from the program's time: timings on a loaded machine (a small "
+                    "kernel waits for the CPU), or XLA fusing across kernels; re-run on a quieter machine"
+                )
+        lines.append(
+            f"  timing cache: {self.cached} kernels held already, {self.measured} measured now in "
+            f"{self.measure_s:.1f} s, {self.skipped} not measured; the census took {self.took_s:.1f} s"
+        )
+        return lines + [f"  {note}" for note in self.notes]
+
+    def table(self) -> Any:
+        """A rich Table of the kernels."""
+        from rich.table import Table
+
+        table = Table(title=None, show_lines=False, header_style="bold")
+        for header in ("kernel", "count", "each", "share", "roofline", "lost", "alternatives", "plan runs", "saved"):
+            table.add_column(header, justify="left" if header in ("kernel", "alternatives", "plan runs") else "right")
+        for k in self.kernels:
+            share = self.share(k)
+            table.add_row(
+                f"{k.name} {k.detail}",
+                str(k.count),
+                _seconds(k.measured_s),
+                "-" if share is None else f"{share:.1%}",
+                seconds_text(k.roofline_s),
+                _seconds(k.lost_s),
+                ", ".join(k.alternatives) or "-",
+                f"{k.chosen} x{k.chosen_count}" if k.chosen_count else "-",
+                _seconds(k.saved_s),
+            )
+        return table
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+
+        return Group("\n".join(self.summary()), self.table())
+
+    def __str__(self) -> str:
+        from rich.console import Console
+
+        out = io.StringIO()
+        Console(file=out, width=200, force_terminal=False, color_system=None).print(self)
+        return out.getvalue().rstrip("\n")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        return {"format": FORMAT, "version": VERSION, **data}
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+
+def echo(renderable: Any) -> None:
+    """Print a census or table on stdout: as wide as a terminal, else 200 columns (a file keeps whole rows)."""
+
+    from rich.console import Console
+
+    Console(width=None if sys.stdout.isatty() else 200).print(renderable)
+
+
+def census_from_dict(data: dict[str, Any]) -> Census:
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
+        raise ValueError(f"not an eqsat census of version {VERSION}")
+    fields = {k: v for k, v in data.items() if k not in ("format", "version")}
+    kernels = [Kernel(**{**k, "alternatives": tuple(k["alternatives"])}) for k in fields.pop("kernels")]
+    return Census(**fields, kernels=kernels)
+
+
+def load_census(path: str | Path) -> Census:
+    return census_from_dict(json.loads(Path(path).read_text()))
+
+
+def is_census(path: str | Path) -> bool:
+    """Whether the file is a saved census (not a plan): `compare` takes both."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def side_by_side(a: Census, b: Census, labels: tuple[str, str] = ("a", "b")) -> Any:
+    """Two censuses of one program (two targets, rule sets or machines) as one rich table, kernel class by kernel
+    class in the first one's order: each one's time alone and what its plan ran instead."""
+    from rich.console import Group
+    from rich.table import Table
+
+    table = Table(header_style="bold")
+    table.add_column("kernel")
+    table.add_column("count", justify="right")
+    for label in labels:
+        table.add_column(f"{label}: each", justify="right")
+        table.add_column(f"{label}: plan runs")
+        table.add_column(f"{label}: saved", justify="right")
+    first, second = {k.key: k for k in a.kernels}, {k.key: k for k in b.kernels}
+    for key in dict.fromkeys([*first, *second]):
+        pair = (first.get(key), second.get(key))
+        shown = first.get(key) or second[key]
+        cells = [f"{shown.name} {shown.detail}", str(shown.count)]
+        for k in pair:
+            if k is None:
+                cells += ["absent", "", ""]
+            else:
+                cells += [_seconds(k.measured_s), f"{k.chosen} x{k.chosen_count}" if k.chosen_count else "-",
+                          _seconds(k.saved_s)]  # fmt: skip
+        table.add_row(*cells)
+    heads = [f"{label}: " + "\n  ".join(c.summary()) for label, c in zip(labels, (a, b), strict=True)]
+    return Group(*heads, table)
+
+
+def _seconds(s: float | None) -> str:
+    return "-" if s is None else seconds_text(s)
+
+
+# ---------------------------------------------------------------------------------------------------- the kernels
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One kernel of the program: the graph nodes it runs (in order), the values it reads and those it gives."""
+
+    kind: str
+    nodes: tuple[int, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+def _units(graph: Graph) -> list[_Unit]:
+    """The program's kernels: each op that is not fused (a contraction, a gather, a pool, an opaque primitive) alone,
+    and each group of elementwise ops joined by values that only they read (XLA's loop fusions; a value a kernel
+    also reads is written out, so the loop ends there). A reshape, broadcast or weight-only op feeding several
+    loops is recomputed in each, as XLA does."""
+    live = sorted(graph.live())
+    consumers: dict[int, list[int]] = {i: [] for i in live}
+    for i in live:
+        for j in graph.nodes[i].inputs:
+            consumers[j].append(i)
+
+    def fused(i: int) -> bool:
+        node = graph.nodes[i]
+        return node.op in OPS and OPS[node.op].cost_class in _FUSED
+
+    def source(i: int) -> bool:
+        node = graph.nodes[i]
+        return node.op != "Op" and OPS[node.op].cost_class is CostClass.SOURCE
+
+    # cheap to recompute in every loop that reads it: reshapes and broadcasts, and what reads sources alone
+    shared = {i for i in live if fused(i) and (graph.nodes[i].op in ("Reshape", "Bcast") or all(
+        source(j) for j in graph.nodes[i].inputs))}  # fmt: skip
+    parent = {i: i for i in live if fused(i) and i not in shared}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    def producers(i: int) -> list[int]:
+        """The loop ops i reads, through reshapes and broadcasts that i alone reads."""
+        found = []
+        for j in graph.nodes[i].inputs:
+            found += producers(j) if j in shared and len(consumers[j]) == 1 else [j] if j in parent else []
+        return found
+
+    for i in parent:
+        for j in producers(i):
+            if all(fused(c) for c in consumers[j]):  # read by loops alone: fused into them
+                parent[find(j)] = find(i)
+    groups: dict[int, list[int]] = {}
+    for i in parent:
+        groups.setdefault(find(i), []).append(i)
+    roots = set(graph.roots())
+    for i in shared:  # one read by a kernel (a broadcast weight) or a program output is a loop of its own
+        if i in roots or any(not fused(c) for c in consumers[i]):
+            groups[i] = [i]
+    units = []
+    for members in groups.values():
+        nodes = _with_shared(graph, members, shared)
+        if all(graph.nodes[i].op == "Reshape" for i in nodes):  # a bitcast: no kernel at all
+            continue
+        units.append(_unit(graph, "fused", nodes, consumers))
+    for i in live:
+        if not fused(i) and not source(i):
+            units.append(_unit(graph, "opaque" if graph.nodes[i].op == "Op" else "kernel", [i], consumers))
+    return units
+
+
+def _with_shared(graph: Graph, members: list[int], shared: set[int]) -> list[int]:
+    """The members and the shared ops they read (through other shared ops), in program order."""
+    found, stack = set(members), list(members)
+    while stack:
+        for j in graph.nodes[stack.pop()].inputs:
+            if j in shared and j not in found:
+                found.add(j)
+                stack.append(j)
+    return sorted(found)
+
+
+def _unit(graph: Graph, kind: str, nodes: list[int], consumers: dict[int, list[int]]) -> _Unit:
+    inside = set(nodes)
+    inputs = tuple(dict.fromkeys(j for i in nodes for j in graph.nodes[i].inputs if j not in inside))
+    roots = set(graph.roots())
+    outputs = tuple(i for i in nodes if i in roots or any(c not in inside for c in consumers[i]))
+    return _Unit(kind, tuple(nodes), inputs, outputs)
+
+
+def _key(graph: Graph, unit: _Unit) -> str:
+    """The unit's timing-cache key: an op of the table keyed as planning keys it; a fused loop or an opaque call by
+    a digest of what it computes (ops, attributes, parameters, how they connect), with its input shapes."""
+    in_shapes = [graph.nodes[j].shape for j in unit.inputs]
+    first = graph.nodes[unit.nodes[0]]
+    if unit.kind == "kernel":
+        return node_key(first.op, first.attrs, in_shapes, first.dtype)
+    where = {j: ("x", k) for k, j in enumerate(unit.inputs)} | {i: ("n", k) for k, i in enumerate(unit.nodes)}
+    described = []
+    for i in unit.nodes:
+        node = graph.nodes[i]
+        what: Any = node.attrs
+        if node.op == "Op":
+            call = graph.opaque[node.attrs[0]]
+            what = (call.primitive.name, sorted(call.params.items(), key=lambda kv: kv[0]))
+        described.append((node.op, what, [where[j] for j in node.inputs], node.shape, node.dtype))
+    described.append(("out", [where[i] for i in unit.outputs]))
+    text = _ADDRESS.sub("", repr(described)) + repr([graph.nodes[j].dtype for j in unit.inputs])
+    digest = hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+    return node_key(f"census:{unit.kind}", (digest,), in_shapes, first.dtype)
+
+
+def _roofline(graph: Graph, unit: _Unit, profile: Profile) -> float:
+    total = 0.0
+    for i in unit.nodes:
+        node = graph.nodes[i]
+        in_shapes = [graph.nodes[j].shape for j in node.inputs]
+        total += node_cost(node.op, in_shapes, node.shape, node.dtype, profile, node.attrs).seconds
+    return total
+
+
+_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int32": "i32", "int64": "i64"}
+
+
+def _type(shape: Any, dtype: Any) -> str:
+    """f32[2,112,112,32]; the tuple of a multi-result call is `tuple`."""
+    if shape is None:
+        return "tuple"
+    return f"{_SHORT.get(dtype, dtype)}[{','.join(map(str, shape))}]"
+
+
+def _describe(graph: Graph, unit: _Unit) -> tuple[str, str]:
+    """(name, detail) of a unit for people: the op or primitive, or the ops a loop fuses; its types."""
+    nodes = [graph.nodes[i] for i in unit.nodes]
+    types = " ".join(_type(graph.nodes[j].shape, graph.nodes[j].dtype) for j in unit.inputs)
+    out = " ".join(_type(graph.nodes[i].shape, graph.nodes[i].dtype) for i in unit.outputs)
+    if unit.kind == "fused":
+        counts: dict[str, int] = {}
+        for node in nodes:
+            if node.op != "Reshape":
+                counts[node.op] = counts.get(node.op, 0) + 1
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        name = "fused " + ",".join(op if n == 1 else f"{n} {op}" for op, n in ranked[:4])
+        name += ",..." if len(ranked) > 4 else ""
+        return name, f"{types} -> {out}"
+    node = nodes[0]
+    attrs = "" if unit.kind == "opaque" else _attrs_text(node.attrs)
+    return graph.op_name(node.op, node.attrs), f"{types} -> {out}" + (f" {attrs}" if attrs else "")
+
+
+def _attrs_text(attrs: tuple) -> str:
+    text = ",".join(map(str, attrs)).replace(" ", "")
+    return "" if not text else f"[{text}]" if len(text) <= 60 else f"[{text[:57]}...]"
+
+
+def _example(graph: Graph, j: int, seed: int) -> Any:
+    node = graph.nodes[j]
+    return jax.numpy.asarray(example_like(ShapedArray(node.shape, node.dtype), seed))
+
+
+def _alone(graph: Graph, unit: _Unit) -> float | None:
+    """The unit compiled alone on random inputs of its types and timed as the timing cache times a kernel."""
+    node = graph.nodes[unit.nodes[0]]
+    if node.op == "Op" and graph.opaque[node.attrs[0]].primitive.name in _UNMEASURABLE:
+        raise ValueError("a loop on random inputs may not end")
+    with jax.ensure_compile_time_eval():
+        args = tuple(_example(graph, j, seed) for seed, j in enumerate(unit.inputs))
+
+        def run(*xs: Any) -> list[Any]:
+            values = dict(zip(unit.inputs, xs, strict=True))
+            for i in unit.nodes:
+                n = graph.nodes[i]
+                values[i] = graph.apply(n.op, n.attrs, [values[j] for j in n.inputs], _no_variable)
+            return [values[i] for i in unit.outputs]
+
+        return timing.time_alone(jax.jit(run), args)
+
+
+def _no_variable(name: str) -> Any:
+    raise AssertionError(f"a kernel reads its inputs as arguments, not Var {name}")
+
+
+# ---------------------------------------------------------------------------------------------------- alternatives
+
+
+def _rivals(graph: Graph, classes: dict[str, _Unit], rules: Sequence[RuleSource]) -> dict[str, list[timing.Wanted]]:
+    """For each kernel class (key -> its first unit) of the table whose timing the roofline may miss: the other
+    kernels the rules put in its e-class, found by saturating a program of these kernels alone on their input types
+    (one e-graph for all)."""
+    alone = Graph()
+    roots: dict[str, int] = {}  # a kernel's key -> its node in `alone`
+    for key, unit in classes.items():
+        node = graph.nodes[unit.nodes[0]]
+        if unit.kind != "kernel" or not timing.measurable(node.op):
+            continue
+        inputs = []
+        for j in node.inputs:
+            source = graph.nodes[j]
+            inputs.append(alone.add(Node("Var", (), (f"x{len(alone.nodes)}",), source.shape, source.dtype)))
+            alone.inputs.append(inputs[-1])
+        roots[key] = alone.add(Node(node.op, tuple(inputs), node.attrs, node.shape, node.dtype))
+        alone.outputs.append(roots[key])
+    if not roots:
+        return {}
+    snapshot = saturate(alone, list(rules), Limits(iterations=3, seconds=5.0))
+    by_class: dict[str, list[timing.Wanted]] = {}
+    for wanted in timing.wanted_nodes(snapshot):
+        by_class.setdefault(wanted.eclass, []).append(wanted)
+    return {key: [w for w in by_class.get(snapshot.orig[i], []) if w.key != key] for key, i in roots.items()}
+
+
+def _plan_counts(plan: Plan) -> dict[str, int]:
+    """How many nodes of each kernel key the plan runs."""
+    counts: dict[str, int] = {}
+    for node in plan.nodes:
+        if node.op in OPS and timing.measurable(node.op):
+            key = node_key(node.op, node.attrs, [plan.nodes[j].shape for j in node.inputs], node.dtype)
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------------- the census
+
+
+def take(
+    plan: Plan,
+    rules: Sequence[RuleSource],
+    budget: float,
+    original: Callable[..., Any] | None = None,
+    optimized: Callable[..., Any] | None = None,
+    args: tuple = (),
+    seconds: float = 2.0,
+    name: str = "",
+) -> Census:
+    """The census of the plan's original program: its kernels timed alone (new ones within `budget` seconds of
+    measuring), and, where `original` and `optimized` are given, both timed end to end on `args`, interleaved, for
+    `seconds` (0: not timed, nor compiled)."""
+    graph = plan.graph
+    if graph is None:  # eqsat could not hold the program (the plan says why), or the plan was loaded from a file
+        raise ValueError(
+            f"no census: the plan holds no program to time ({plan.fallback or 'a plan loaded from a file'})"
+        )
+    profile = load_profile(plan.target)  # bare: roofline prices, no measured times attached
+    device = profile.timing_device or timing.local_device()
+    cache = timing.cache_for(device)
+    here = device == timing.local_device()
+    first: dict[str, _Unit] = {}  # each kernel class's first occurrence, by key
+    counts: dict[str, int] = {}
+    for unit in _units(graph):
+        key = _key(graph, unit)
+        first.setdefault(key, unit)
+        counts[key] = counts.get(key, 0) + 1
+    progress.begin("census", f"census: the alternatives of {len(first)} kernel classes")
+    rivals = _rivals(graph, first, rules)
+    roofline = {key: _roofline(graph, unit, profile) for key, unit in first.items()}
+    # what to time: the kernels with alternatives first (and the alternatives), then by predicted time in all
+    order = sorted(first, key=lambda k: (not rivals.get(k), -counts[k] * roofline[k]))
+    wanted = []
+    for key in order:
+        unit = first[key]
+        node = graph.nodes[unit.nodes[0]]
+        dtypes = tuple(graph.nodes[j].dtype for j in unit.inputs)
+        shapes = tuple(graph.nodes[j].shape for j in unit.inputs)
+        op = node.op if unit.kind == "kernel" else f"census:{unit.kind}"
+        wanted.append(timing.Wanted(key, op, node.attrs, shapes, node.dtype, dtypes))
+        wanted += rivals.get(key, [])
+
+    def timer(w: timing.Wanted) -> float | None:
+        return (
+            _alone(graph, first[w.key]) if w.key in first and first[w.key].kind != "kernel" else timing.measure_one(w)
+        )
+
+    start = time.perf_counter()
+    counted = timing.measure(cache, wanted, budget if here else 0.0, timer=timer)
+    measure_s = time.perf_counter() - start
+    with cache.lock:
+        entries = dict(cache.entries)
+
+    def seconds_of(key: str, roof: float) -> float | None:
+        if key not in entries:
+            return None
+        return roof if entries[key] is None else entries[key]  # too fast to measure: the roofline prices it
+
+    ran = _plan_counts(plan)
+    kernels = []
+    for key in first:
+        unit = first[key]
+        kind_name, detail = _describe(graph, unit)
+        alternatives = rivals.get(key, [])
+        chosen = max(alternatives, key=lambda w: ran.get(w.key, 0), default=None)
+        chosen_count = ran.get(chosen.key, 0) if chosen is not None else 0
+        chosen_s = None
+        if chosen is not None and chosen_count:
+            chosen_s = seconds_of(chosen.key, _wanted_roofline(chosen, graph.nodes[unit.nodes[0]], profile))
+        where = graph.where.get(unit.nodes[0])
+        kernels.append(
+            Kernel(
+                key=key,
+                kind=unit.kind,
+                name=kind_name,
+                detail=detail,
+                count=counts[key],
+                roofline_s=roofline[key],
+                measured_s=seconds_of(key, roofline[key]),
+                alternatives=tuple(dict.fromkeys(w.op for w in alternatives)),
+                chosen=chosen.op if chosen_count and chosen is not None else "",
+                chosen_count=min(chosen_count, counts[key]),
+                chosen_s=chosen_s,
+                scope=where.scope if where else "",
+            )
+        )
+    kernels.sort(key=lambda k: (k.lost_s is None, -(k.lost_s or 0.0), -k.count * k.roofline_s))
+    census = Census(
+        name=name,
+        device=device,
+        target=plan.target,
+        kernels=kernels,
+        cached=int(counted["hits"]),
+        measured=int(counted["measured"]),
+        skipped=sum(k.measured_s is None for k in kernels),
+        measure_s=measure_s,
+    )
+    if not here:
+        census.notes.append(f"the target's device {device} is not this one ({timing.local_device()}): nothing measured")
+    if original is not None and optimized is not None and seconds > 0:
+        progress.begin("census", f"census: the original and the plan end to end ({seconds:g} s)")
+        result = compare(original, optimized, args, seconds=seconds)
+        census.original_s, census.plan_s, census.rounds = result.baseline_s, result.candidate_s, result.rounds
+    if plan.fallback:
+        census.notes.append(f"eqsat runs the original: {plan.fallback}")
+    return census
+
+
+def _wanted_roofline(wanted: timing.Wanted, node: Node, profile: Profile) -> float:
+    return node_cost(wanted.op, list(wanted.in_shapes), node.shape, wanted.dtype, profile, wanted.attrs).seconds
+
+
+def profile(optimized: Any, args: tuple, budget: float | None = None, seconds: float = 2.0) -> Census:
+    """The census of an optimized function (eqsat.optimize's result) at these arguments: its plan (built now if
+    need be), every kernel timed alone, and the original and what eqsat runs timed end to end."""
+    start = time.perf_counter()
+    options = optimized.options
+    plan = optimized.plan(*args, prepared=False)  # the plan a call runs (its guard may keep the original)
+    original = jax.jit(optimized.fun, static_argnums=options.static_argnums)
+    budget = options.limits.measure_seconds if budget is None else budget
+    name = getattr(optimized.fun, "__name__", "")
+    census = take(plan, options.rules, budget, original, optimized, args, seconds, name)
+    census.took_s = time.perf_counter() - start
+    return census

@@ -1,0 +1,157 @@
+"""The kernel census (eqsat/census.py): what its table lists for small programs, not how fast anything ran.
+
+Kernels are timed by stand-ins (a depthwise convolution slow, every other kernel fast; fused loops and opaque calls
+still compiled and run alone), so that the plan's choice and the table's figures do not follow the machine's load."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import eqsat
+from eqsat import census
+from eqsat.__main__ import main
+from eqsat.extract import timing
+from eqsat.extract.cost import load_profile, node_cost
+
+CONV_S, OTHER_S = 1e-3, 1e-5
+
+
+@pytest.fixture(autouse=True)
+def own_timing_cache(tmp_path, monkeypatch):
+    """A timing cache of this test's own (the stand-in's times stay out of the session's cache), and the stand-in."""
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path / "cache"))
+
+    def measure_one(wanted: timing.Wanted) -> float:
+        return CONV_S if wanted.op == "Conv" else OTHER_S
+
+    monkeypatch.setattr(timing, "measure_one", measure_one)
+    timed = timing.time_alone
+
+    def time_alone(fn, args):  # fused loops and opaque calls: compiled and run as they are, timed as fast
+        timed(fn, args)
+        return OTHER_S
+
+    monkeypatch.setattr(timing, "time_alone", time_alone)
+
+
+def depthwise(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
+    """A depthwise 3x3 convolution (its e-class holds ShiftConv), a loop, and a sort (an opaque primitive)."""
+    y = jax.lax.conv_general_dilated(
+        x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=x.shape[-1]
+    )
+    return jnp.sort(jnp.tanh(y), axis=-1)
+
+
+def two_layers(x: jnp.ndarray, w1: jnp.ndarray, w2: jnp.ndarray) -> jnp.ndarray:
+    """Two layers of the same shapes: one matmul class and one loop class, each twice."""
+    return jnp.tanh(jnp.tanh(x @ w1) @ w2)
+
+
+def _depthwise_args() -> tuple:
+    return jnp.ones((2, 16, 16, 8)), jnp.ones((3, 3, 1, 8))
+
+
+def _two_layer_args() -> tuple:
+    return jnp.ones((32, 64)), jnp.ones((64, 64)), jnp.ones((64, 64))
+
+
+def _kernel(found: census.Census, name: str) -> census.Kernel:
+    matches = [k for k in found.kernels if k.name == name]
+    assert len(matches) == 1, [(k.name, k.detail) for k in found.kernels]
+    return matches[0]
+
+
+def test_depthwise_conv_names_its_alternative_and_what_the_plan_saved():
+    found = eqsat.optimize(depthwise).profile(*_depthwise_args())
+    conv = _kernel(found, "Conv")
+    assert conv.alternatives == ("ShiftConv",)
+    assert (conv.chosen, conv.chosen_count) == ("ShiftConv", 1)  # 1 ms against 13 us (the switch margin on top)
+    assert conv.measured_s == CONV_S and conv.chosen_s == OTHER_S
+    assert conv.saved_s == pytest.approx(CONV_S - OTHER_S)
+    assert conv.kind == "kernel" and conv.detail.startswith("f32[2,16,16,8] f32[3,3,1,8] -> f32[2,16,16,8]")
+    assert found.kernels[0] is conv  # the most time lost against the roofline comes first
+
+
+def test_opaque_primitive_is_listed_and_counted_as_untouched():
+    found = eqsat.optimize(depthwise).profile(*_depthwise_args())
+    sort = _kernel(found, "sort")
+    assert sort.kind == "opaque" and sort.alternatives == () and sort.measured_s is not None
+    assert found.opaque_s == pytest.approx(sort.total_s)
+    assert any(k.kind == "fused" and "Tanh" in k.name for k in found.kernels)
+    assert "untouched by eqsat" in str(found) and "sort" in str(found)
+
+
+def test_identical_kernels_are_grouped_with_their_count():
+    found = eqsat.optimize(two_layers).profile(*_two_layer_args())
+    dot = _kernel(found, "Dot")
+    assert dot.count == 2 and dot.measured_s == OTHER_S and dot.total_s == pytest.approx(2 * OTHER_S)
+    assert [k.count for k in found.kernels if k.kind == "fused"] == [2]  # the two tanh loops: one class
+
+
+def test_kernels_cover_the_program_so_shares_add_up():
+    """Every op of the program is in exactly one kernel: their rooflines add up to the program's."""
+    fast = eqsat.optimize(two_layers)
+    args = _two_layer_args()
+    found = fast.profile(*args)
+    graph, profile = fast.plan(*args).graph, load_profile("cpu")
+    whole = sum(
+        node_cost(n.op, [graph.nodes[j].shape for j in n.inputs], n.shape, n.dtype, profile, n.attrs).seconds
+        for n in (graph.nodes[i] for i in graph.live())
+        if n.op != "Var"
+    )
+    assert sum(k.count * k.roofline_s for k in found.kernels) == pytest.approx(whole)
+    assert found.original_s > 0 and found.plan_s > 0 and found.rounds >= 5  # timed end to end, interleaved
+    shares = sum(found.share(k) for k in found.kernels)
+    assert shares == pytest.approx(found.kernels_s / found.original_s)
+
+
+def test_kernels_in_the_timing_cache_cost_nothing_and_the_budget_bounds_the_rest():
+    args = _depthwise_args()
+    first = eqsat.optimize(depthwise, limits=eqsat.Limits(measure_seconds=0)).profile(*args)
+    assert first.measured == 0 and all(k.measured_s is None for k in first.kernels)  # no budget: listed, untimed
+    assert "-" in str(first)
+    second = eqsat.optimize(depthwise).profile(*args)
+    assert second.measured > 0 and second.skipped == 0
+    third = eqsat.optimize(depthwise).profile(*args)
+    assert third.measured == 0 and third.cached == second.cached + second.measured
+
+
+def test_json_round_trip(tmp_path):
+    found = eqsat.optimize(depthwise).profile(*_depthwise_args())
+    again = census.load_census(found.save(tmp_path / "census.json"))
+    assert again == found and str(again) == str(found)
+
+
+def test_cli_profile_prints_the_table_and_saves_json(tmp_path, capsys):
+    out = tmp_path / "census.json"
+    argv = ["profile", "test_census:depthwise", "--args", "f32[2,16,16,8]", "f32[3,3,1,8]", "--seconds", "0.1"]
+    assert main([*argv, "--json", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "census of depthwise" in printed and "ShiftConv x1" in printed and "sort" in printed
+    assert census.load_census(out).kernels[0].name == "Conv"
+
+
+def test_compare_shows_two_censuses_side_by_side(tmp_path, capsys):
+    args = _depthwise_args()
+    found = eqsat.optimize(depthwise).profile(*args)
+    kept = eqsat.optimize(depthwise, disabled_rules=("kernels",)).profile(*args)  # no alternative kernels
+    assert kept.kernels[0].alternatives == () and not kept.kernels[0].chosen
+    paths = [str(found.save(tmp_path / "a.json")), str(kept.save(tmp_path / "b.json"))]
+    assert main(["compare", *paths]) == 0
+    printed = capsys.readouterr().out
+    conv = next(line for line in printed.splitlines() if line.startswith("│ Conv"))
+    assert "ShiftConv x1" in conv and conv.count("1 ms") == 2  # timed alike in both, chosen in one
+    assert main(["compare", *paths, paths[0]]) == 2
+
+
+def test_kernels_far_from_the_program_are_flagged_and_a_plan_without_program_is_refused():
+    kernel = census.Kernel("k", "kernel", "Dot", "f32[8,8] f32[8,8] -> f32[8,8]", 4, 1e-6, 1e-3)
+    far = census.Census("f", "cpu:cpu", "cpu", [kernel], original_s=1e-3, plan_s=1e-3, rounds=5)
+    assert "far from the program's time" in str(far)  # 4 ms of kernels in a 1 ms program
+    near = census.Census("f", "cpu:cpu", "cpu", [kernel], original_s=4e-3, plan_s=1e-3, rounds=5)
+    assert "far from" not in str(near) and near.share(kernel) == pytest.approx(1.0)
+    plan = eqsat.optimize(depthwise).plan(*_depthwise_args())
+    with pytest.raises(ValueError, match="no census: the plan holds no program"):
+        census.take(dataclasses.replace(plan, graph=None), rules=(), budget=0)
