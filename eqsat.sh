@@ -48,6 +48,6 @@ case "$cmd" in
   test-all) ensure_venv test,models; exec .venv/bin/python -m pytest -n 2 -q -m "" "$@" ;;
   lint)     ensure_venv test; .venv/bin/ruff check . && exec .venv/bin/ruff format --check . ;;
   demo)     ensure_venv test; exec .venv/bin/python -m eqsat demo "$@" ;;
-  jax-tests) ensure_venv test; exec .venv/bin/python -m benches.jax_tests.run "$@" ;;
+  jax-tests) ensure_venv test,jax-tests; exec .venv/bin/python -m benches.jax_tests.run "$@" ;;
   *)        ensure_venv test; exec .venv/bin/python -m eqsat "$cmd" "$@" ;;
 esac

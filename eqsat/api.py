@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+from jax._src import config
 from jax._src import core as jax_core  # the trace a body runs under, to tell a call on values from an outer trace
 
 from eqsat import background, validate
@@ -46,7 +47,7 @@ from eqsat.plan_cache import Handoff, PerThread, SharedPlans, shared_plans
 from eqsat.planning import Captured, Entry, Planner
 from eqsat.saturate import Limits
 from eqsat.sharding import partitioned
-from eqsat.signature import Signature, aval_key, concrete, examples, merge_params, signature_of
+from eqsat.signature import Signature, aval_key, concrete, examples, merge_params, signature_of, threads_share
 
 log = logging.getLogger("eqsat")
 
@@ -206,7 +207,7 @@ class Optimized:
 
         def prepared(*rest: Any) -> Any:
             leaves, tree = jax.tree_util.tree_flatten(rest)
-            key = (tree, tuple(aval_key(x) for x in leaves))
+            key = (tree, tuple(aval_key(x) for x in leaves), config.trace_context())  # as a Signature is keyed
             if key not in ready:
                 ready[key] = self._prepare_signature(params, rest, params_flat)
             return ready[key](rest, leaves)
@@ -268,8 +269,9 @@ class Optimized:
         self._plans.epoch += 1  # the call that traced settles what its trace built
         flat, signature = self._signature(args, kwargs)
         # with background on, a call's own trace on concrete arguments (not one an outer transformation or `.lower`
-        # keeps) may leave its plan to the planning thread
+        # keeps), under no context of this thread's own, may leave its plan to the planning thread
         tiered = self.options.background and not self._pending.staged and _called_eagerly()
+        tiered = tiered and threads_share(signature)
         with jax.core.eval_context():  # planning runs on plain values, outside this trace
             entry = self._entry(signature, tiered=tiered)
         entry.traced = True
@@ -417,8 +419,12 @@ class Optimized:
         handoff = Handoff()  # the call's own arguments, once it has run, unless donating them deletes them
         background.pause()  # planning starts once this call has compiled and run the original
         self._pending.handoff = handoff
-        job = background.submit(lambda: self._background_plan(signature, prepared, captured, handoff.call))
-        job.add_done_callback(functools.partial(_failed, self._plans))  # not self: keeps no fun alive
+        # the job holds the function and its program weakly (the pending entry holds the program): one dropped
+        # while its plan waits is freed at once, closure and all, as jax.jit frees it
+        job = background.submit(
+            functools.partial(_plan_weakly, weakref.ref(self), signature, prepared, weakref.ref(captured), handoff)
+        )
+        job.add_done_callback(functools.partial(_failed, weakref.ref(self._plans)))  # keeps no plan alive
         return self._planner.pending_entry(signature, captured, job)
 
     def _background_plan(self, signature: Signature, prepared: bool, captured: Captured, call: tuple | None) -> Entry:
@@ -545,11 +551,26 @@ def _called_eagerly() -> bool:
     return isinstance(getattr(jax_core.trace_ctx.trace, "parent_trace", None), jax_core.EvalTrace)
 
 
-def _failed(plans: SharedPlans, job: Future) -> None:
+def _plan_weakly(
+    optimized: "weakref.ref[Optimized]",
+    signature: Signature,
+    prepared: bool,
+    captured: "weakref.ref[Captured]",
+    handoff: Handoff,
+) -> Entry:
+    """A background job: the plan, unless the function or its pending entry was dropped while the job waited."""
+    found, program = optimized(), captured()
+    if found is None or program is None:
+        raise background.Stopped
+    return found._background_plan(signature, prepared, program, handoff.call)
+
+
+def _failed(plans: "weakref.ref[SharedPlans]", job: Future) -> None:
     """A background job failed (a plan that ran lands from the job itself): the dispatches trace again, and the
     trace that meets the failure warns of it."""
-    if job.exception() is not None and not isinstance(job.exception(), background.Stopped):
-        plans.land()
+    failed = job.exception() is not None and not isinstance(job.exception(), background.Stopped)
+    if failed and (found := plans()) is not None:
+        found.land()
 
 
 def _takes_job(entry: Entry, tiered: bool) -> bool:

@@ -78,11 +78,19 @@ def _short_path(file_name: str) -> str:
     return file_name if relative.startswith("..") else relative
 
 
-def input_paths(fun: Callable[..., Any], tree: Any, positions: Sequence[int]) -> list[str]:
+def stand_ins(tree: Any, avals: Sequence[Any]) -> Any:
+    """The call's tree rebuilt from stand-ins of its leaves, of their shapes and dtypes: a pytree class may look at
+    its leaves as it is built, as jax.jit's tracers let it (integers in their place made planning give up)."""
+    leaves = [jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") else a for a in avals]
+    return jax.tree_util.tree_unflatten(tree, leaves)
+
+
+def input_paths(fun: Callable[..., Any], tree: Any, avals: Sequence[Any], positions: Sequence[int]) -> list[str]:
     """Each flat argument's place in the call as a person writes it, e.g. params.layers[0].wq.
 
-    tree: the flat arguments' tree of (dynamic positional arguments, keyword arguments); positions: each dynamic
-    positional argument's index in the call (static ones are left out of the tree)."""
+    tree: the flat arguments' tree of (dynamic positional arguments, keyword arguments), avals: its leaves'
+    abstract values; positions: each dynamic positional argument's index in the call (static ones are left out of
+    the tree)."""
     try:
         names = [
             p.name
@@ -91,15 +99,14 @@ def input_paths(fun: Callable[..., Any], tree: Any, positions: Sequence[int]) ->
         ]
     except (TypeError, ValueError):  # a builtin or a callable without a signature
         names = []
-    indexed = jax.tree_util.tree_unflatten(tree, range(tree.num_leaves))
-    paths = [""] * tree.num_leaves
-    for (group, head, *rest), leaf in jax.tree_util.tree_flatten_with_path(indexed)[0]:
+    paths = []
+    for (group, head, *rest), _ in jax.tree_util.tree_flatten_with_path(stand_ins(tree, avals))[0]:
         if group.idx == 0:
             position = positions[head.idx]
             name = names[position] if position < len(names) else f"args[{position}]"
         else:
             name = str(head.key)
-        paths[leaf] = name + "".join(map(_key_text, rest))
+        paths.append(name + "".join(map(_key_text, rest)))
     return paths
 
 

@@ -44,6 +44,7 @@ class Options:
     memory_budget: int | None
     cache_size: int
     background: bool  # a call's first trace leaves its plan to the planning thread (eqsat/background.py)
+    named: bool  # fun has a signature, which jax.jit resolves argument names against
     jit_options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # passed to jax.jit
 
     @property
@@ -69,9 +70,10 @@ class Options:
         options = dict(self.jit_options, static_argnums=self.static_argnums, donate_argnums=self.donate_argnums)
         if self.memory_budget is not None and jax.default_backend() == "cpu":
             options["compiler_options"] = {**MEMORY_OPTIMIZED, **(options.get("compiler_options") or {})}
-        # names only where there are some: jax.jit refuses any, even (), for a function without a signature
-        names = (("static_argnames", self.static_argnames), ("donate_argnames", self.donate_argnames))
-        options.update({k: v for k, v in names if v})
+        # the names as resolved, even () given explicitly (else jax.jit would take them from the numbers again);
+        # none for a function without a signature, where jax.jit refuses any, even ()
+        if self.named:
+            options.update(static_argnames=self.static_argnames, donate_argnames=self.donate_argnames)
         return options
 
 
@@ -144,8 +146,9 @@ def resolve(
     profile = load_profile(target)
     collected = rule_sources.collect(rules, (*disabled_rules, *profile.disabled_rules))
     # jax.jit's own resolution: names for numbers and numbers for names, checked against the signature
+    signature = api_util.fun_signature(fun)
     donate_argnums, donate_argnames, static_argnums, static_argnames = api_util.resolve_argnums(
-        fun, api_util.fun_signature(fun), donate_argnums, donate_argnames, static_argnums, static_argnames
+        fun, signature, donate_argnums, donate_argnames, static_argnums, static_argnames
     )
     params_argnums = _checked_argnums(fun, params_argnums, "params_argnums")
     if set(params_argnums) & set(static_argnums):
@@ -166,6 +169,7 @@ def resolve(
         memory_budget=memory_budget,
         cache_size=cache_size,
         background=background,
+        named=signature is not None,
         jit_options=MappingProxyType(dict(jit_options)),
     )
 

@@ -61,6 +61,7 @@ class Entry:
     # the plan being built in the background (eqsat/background.py): until it is ready this entry runs the original
     job: Future | None = None
     traced: bool = False  # a dispatch's trace runs it, so a call may have
+    captured: "Captured | None" = None  # the program its background job plans (the job holds it weakly)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,17 @@ class Planner:
 
     def __init__(self, fun: Callable[..., Any], options: Options, saturated: MutableMapping) -> None:
         self.fun, self.options, self.saturated = fun, options, saturated
-        self.name = getattr(fun, "__name__", repr(fun))
+
+    @functools.cached_property
+    def name(self) -> str:
+        """fun's name in messages, found when one is first needed: a callable's repr may be costly, or raise."""
+        name = getattr(self.fun, "__name__", None)
+        if isinstance(name, str):
+            return name
+        try:
+            return repr(self.fun)
+        except Exception:
+            return f"a {type(self.fun).__name__} object"
 
     def capture(self, signature: Signature) -> Captured | Entry:
         """The signature's program, traced once (its saturation keeps it); an entry that runs the original where
@@ -249,7 +260,9 @@ class Planner:
     def pending_entry(self, signature: Signature, captured: Captured, job: Future) -> Entry:
         """The entry of a signature whose plan `job` builds: the original, from the captured jaxpr."""
         why = f"{self.name}'s plan is being built in the background"
-        return self.original_entry(signature, _original(captured.closed), captured.out_tree, why, job)
+        entry = self.original_entry(signature, _original(captured.closed), captured.out_tree, why, job)
+        entry.captured = captured
+        return entry
 
     def _graph(self, closed: jcore.ClosedJaxpr, signature: Signature) -> Graph:
         """The captured graph, each input with its role and path, its sub-program bodies optimized."""

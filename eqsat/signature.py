@@ -5,29 +5,36 @@
 with the leaves from here to lowering (capture tags the graph's Vars with it; prepare orders leaves by it).
 """
 
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
-from jax._src import api_util  # jax.jit's debug info: how its errors name the function and arguments
+from jax._src import (
+    api_util,  # jax.jit's debug info: how its errors name the function and arguments
+    config,  # trace_context(): what jax.jit keys its traces by besides the arguments
+)
 from jax.core import ShapedArray
 
-from eqsat.capture import input_paths
+from eqsat.capture import input_paths, stand_ins
 from eqsat.ir import Role, Variable
 from eqsat.sample import example_like
 from eqsat.sharding import explicit_sharding
 
 
 class Signature(NamedTuple):
-    """What a plan is keyed by, as jax.jit keys its traces: the dynamic leaves' tree and abstract values, and the
-    static arguments by position or name, type and value (so 1, True and 1.0 get plans of their own)."""
+    """What a plan is keyed by, as jax.jit keys its traces: the dynamic leaves' tree and abstract values, the
+    static arguments by position or name, type and value (so 1, True and 1.0 get plans of their own), and the
+    trace context: the enclosing transformations' axis sizes, the configuration that changes tracing (x64, rank
+    promotion, default matmul precision, ...), user contexts and the abstract mesh."""
 
     n_args: int
     tree: Any  # of (dynamic positional arguments, dynamic keyword arguments)
     avals: tuple[Any, ...]
     statics: tuple[tuple[int | str, type, Any], ...]
+    context: tuple  # jax's config.trace_context() where the call was made
 
 
 def signature_of(
@@ -44,19 +51,34 @@ def signature_of(
         {k: v for k, v in kwargs.items() if k not in static_argnames},
     )
     flat, tree = jax.tree_util.tree_flatten(dynamic)
-    return flat, Signature(n, tree, tuple(abstract(x) for x in flat), statics)
+    return flat, Signature(n, tree, tuple(abstract(x) for x in flat), statics, config.trace_context())
+
+
+def threads_share(signature: Signature) -> bool:
+    """Whether another thread traces under the signature's context: no context manager of the calling thread
+    (jax.enable_x64, a vmap's axis name, a user context) changes it. Only then can the planning thread build,
+    validate and compile its plan as the call would."""
+    found: list[tuple] = []
+    thread = threading.Thread(target=lambda: found.append(config.trace_context()), name="eqsat-context")
+    thread.start()
+    thread.join()
+    return found == [signature.context]
 
 
 def inputs_of(fun: Callable[..., Any], signature: Signature, params_argnums: tuple[int, ...]) -> tuple[Variable, ...]:
     """Each flat leaf's role (a leaf of a parameter argument, or an argument) and its pytree path in the call."""
     positions = dynamic_positions(signature)
-    paths = input_paths(fun, signature.tree, positions)
-    indexed, _ = jax.tree_util.tree_unflatten(signature.tree, range(len(signature.avals)))
+    paths = input_paths(fun, signature.tree, signature.avals, positions)
+    args, _ = stand_ins(signature.tree, signature.avals)
     params = {i % signature.n_args for i in params_argnums} if signature.n_args else set()
-    of_params = {
-        j for pos, sub in zip(positions, indexed, strict=True) if pos in params for j in jax.tree_util.tree_leaves(sub)
-    }
-    return tuple(Variable(Role.PARAMETER if j in of_params else Role.ARGUMENT, path) for j, path in enumerate(paths))
+    # the flat leaves are the positional arguments' in order, then the keyword arguments'
+    roles = [
+        Role.PARAMETER if pos in params else Role.ARGUMENT
+        for pos, sub in zip(positions, args, strict=True)
+        for _ in jax.tree_util.tree_leaves(sub)
+    ]
+    roles += [Role.ARGUMENT] * (len(paths) - len(roles))
+    return tuple(Variable(role, path) for role, path in zip(roles, paths, strict=True))
 
 
 def dynamic_positions(signature: Signature) -> list[int]:

@@ -15,6 +15,7 @@ import pytest
 from jax import lax
 
 import eqsat
+from eqsat import background as eqsat_background
 from eqsat import planning
 from eqsat.__main__ import main
 from eqsat.extract import changes, report
@@ -111,6 +112,48 @@ def test_donate_argnames_and_static_argnames():
     _close(fast(A, V, act=False), chain(A, V))
     donating = eqsat.optimize(chain, donate_argnames="v")
     _close(donating(A, v=jnp.array(V)), chain(A, V))
+
+
+def test_explicit_empty_static_argnames_is_kept():
+    """As jax.jit: static_argnums=1 with static_argnames=() makes v static by position only, not by name."""
+    fast = eqsat.optimize(lambda a, v: chain(a, v * jnp.ones_like(V)), static_argnums=1, static_argnames=())
+    _close(fast(A, 2.0), chain(A, 2.0 * jnp.ones_like(V)))
+    _close(fast(A, v=V), chain(A, V))  # traced, not an (unhashable) static value
+
+
+def test_a_callable_whose_repr_raises():
+    class Chain:
+        def __call__(self, a, v):
+            return chain(a, v)
+
+        def __repr__(self):
+            raise ValueError("invalid repr")
+
+    _close(eqsat.optimize(Chain())(A, V), chain(A, V))
+
+
+@jax.tree_util.register_pytree_node_class
+class _Matrices:
+    """A pytree that checks its leaves as it is built (jax.jit rebuilds it from tracers, which have a shape)."""
+
+    def __init__(self, a, v):
+        if not (hasattr(a, "shape") and hasattr(v, "shape")):
+            raise TypeError(f"_Matrices holds arrays, got {type(a).__name__}")
+        self.a, self.v = a, v
+
+    def tree_flatten(self):
+        return (self.a, self.v), None
+
+    @classmethod
+    def tree_unflatten(cls, _, children):
+        return cls(*children)
+
+
+def test_a_pytree_that_inspects_its_leaves_is_planned():
+    fast = eqsat.optimize(lambda m: chain(m.a, m.v))
+    _close(fast(_Matrices(A, V)), chain(A, V))
+    plan = fast.plan(_Matrices(A, V))
+    assert plan.rewritten_ops() and plan.fallback is None
 
 
 def test_keyword_arguments():
@@ -387,17 +430,23 @@ def test_a_failure_of_eqsats_own_machinery_warns_and_runs_the_original(monkeypat
     assert "saturation broke" in fast.plan(A, V).fallback
 
 
-def test_dropping_the_optimized_frees_what_the_function_closes_over_without_gc():
-    x = jnp.ones(10)
-    f = (lambda x: lambda: x * 2)(x)
-    g = eqsat.optimize(f)
+@pytest.mark.parametrize("background", [False, True])
+def test_dropping_the_optimized_frees_what_the_function_closes_over_without_gc(background):
+    """Also while its plan waits for the planning thread (held here by a pause): the job holds it weakly."""
+    x = jnp.ones((8, 8))
+    f = (lambda x: lambda a: (a @ x) @ x)(x)
+    g = eqsat.optimize(f, background=background)
     x = weakref.ref(x)
-    g()
-    del f
-    assert x() is not None
-    g()
-    del g  # no cycle: freed by reference counting, as a jax.jit object is
-    assert x() is None
+    eqsat_background.pause()
+    try:
+        g(A[:8, :8])
+        del f
+        assert x() is not None
+        g(A[:8, :8])
+        del g  # no cycle: freed by reference counting, as a jax.jit object is
+        assert x() is None
+    finally:
+        eqsat_background.resume()
 
 
 def test_wrapped_attributes_and_callables_jax_jit_accepts_or_refuses():
