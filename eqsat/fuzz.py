@@ -42,7 +42,7 @@ from eqsat.errors import EqsatWarning
 from eqsat.generators import generators
 from eqsat.program import Program
 from eqsat.saturate import Limits
-from eqsat.tolerance import beyond_conditioning, comparable, mismatch
+from eqsat.tolerance import beyond_conditioning, comparable, less_accurate, mismatch
 
 # small: a case must take well under a second; validation's blame search is what a failure costs, so it is short
 FUZZ_LIMITS = Limits(
@@ -426,7 +426,7 @@ def _optimized_calls(
 
 def _compare(reference_fn: Callable[..., Any], args: tuple, expected: Any, got: Any, what: str) -> str | None:
     """What differs between expected and got beyond validation's tolerance (and the original's own sensitivity to
-    its inputs' rounding), or None."""
+    its inputs' rounding, and its own error against its float64 evaluation), or None."""
     want_tree, have_tree = jax.tree_util.tree_structure(expected), jax.tree_util.tree_structure(got)
     if want_tree != have_tree:
         return f"{what}: result tree {have_tree} instead of {want_tree}"
@@ -440,6 +440,8 @@ def _compare(reference_fn: Callable[..., Any], args: tuple, expected: Any, got: 
         return jax.tree_util.tree_leaves(reference_fn(*jax.tree_util.tree_unflatten(tree, xs)))
 
     wrong = beyond_conditioning(flat_reference, leaves, want, have)
+    if wrong is not None:  # judged as validation judges: against the original in float64
+        wrong = less_accurate(flat_reference, leaves, want, have, wrong)
     return None if wrong is None else f"{what}: {wrong[1]}"
 
 

@@ -67,3 +67,10 @@ def test_low_precision_results_may_re_round_where_terms_cancel() -> None:
     f32 = np.array([0.0, 7.88], dtype=np.float32)  # float32 keeps its bound: 1e-5 of the scale
     assert tolerance.differs(0, f32, np.array([2e-5, 7.88], dtype=np.float32)) is None
     assert tolerance.differs(0, f32, np.array([2e-4, 7.88], dtype=np.float32)) is not None
+
+
+def test_a_result_more_accurate_than_jax_jits_is_no_mismatch() -> None:
+    """Seed 2032, case 266: log_softmax over an axis of one element is exactly 0; jax.jit's naive form gives 3e-8
+    and the stable plan 0, which the per-element tolerance (of a scale of 3e-8) alone called a mismatch."""
+    outcome = fuzz.run_case(fuzz.draw_case(2032, 266))
+    assert outcome.status == "ok", outcome.detail
