@@ -188,13 +188,29 @@ def _split(args: tuple, argnums: tuple[int, ...]) -> tuple[tuple, tuple]:
     return tuple(args[i] for i in chosen), tuple(a for i, a in enumerate(args) if i not in chosen)
 
 
-def run_optimize(args: argparse.Namespace) -> int:
-    """The optimize command; a user's mistake is one paragraph on stderr and exit code 2."""
+def _reporting(
+    name: str, body: Callable[[argparse.Namespace], int], errors: tuple[type[Exception], ...] = ()
+) -> Callable[[argparse.Namespace], int]:
+    """The command `name` running body: a user's mistake (and `errors`) is one paragraph on stderr, exit code 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return body(args)
+        except (UsageError, EqsatError, OSError, *errors) as error:
+            print(f"python -m eqsat {name}: error: {error}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+def _target_profile(target: str) -> Any:
+    """The device profile of --target; an unknown one is a usage error."""
+    from eqsat.extract.cost import load_profile
+
     try:
-        return _optimize(args)
-    except (UsageError, EqsatError, OSError) as error:
-        print(f"python -m eqsat optimize: error: {error}", file=sys.stderr)
-        return 2
+        return load_profile(target)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def _optimize(args: argparse.Namespace) -> int:
@@ -203,14 +219,10 @@ def _optimize(args: argparse.Namespace) -> int:
     import eqsat
     from eqsat import progress
     from eqsat.extract import html_report, report
-    from eqsat.extract.cost import load_profile
     from eqsat.measure import compare
     from eqsat.signature import merge_params
 
-    try:
-        load_profile(args.target)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+    _target_profile(args.target)
     work = workload(args)
     params_argnums = tuple(args.params_argnums or ())
     if any(not -len(work.args) <= i < len(work.args) for i in params_argnums):
@@ -371,19 +383,11 @@ def _add_optimize_options(p: argparse.ArgumentParser, how: Any) -> None:
         metavar="SECONDS",
         help="time the plan against jax.jit, interleaved in this process (budget default 3 s)",
     )
-    p.set_defaults(run=run_optimize)
-
-
-def run_tune(args: argparse.Namespace) -> int:
-    """The tune command: warm the timing cache for a function, or export / import / list cache files."""
-    try:
-        return _tune(args)
-    except (UsageError, EqsatError, OSError, ValueError) as error:
-        print(f"python -m eqsat tune: error: {error}", file=sys.stderr)
-        return 2
+    p.set_defaults(run=_reporting("optimize", _optimize))
 
 
 def _tune(args: argparse.Namespace) -> int:
+    """The tune command: warm the timing cache for a function, or export / import / list cache files."""
     from eqsat.extract import timing
 
     if args.import_file:
@@ -410,12 +414,8 @@ def _warm(args: argparse.Namespace) -> int:
     import eqsat
     from eqsat import progress
     from eqsat.extract import timing
-    from eqsat.extract.cost import load_profile
 
-    try:
-        profile = load_profile(args.target)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+    profile = _target_profile(args.target)
     work = workload(args)
     limits = eqsat.Limits(measure_seconds=args.budget, timing_transfer=0)  # measured at these very shapes
     with progress.live_progress(None if args.progress else False):
@@ -450,28 +450,16 @@ def add_tune_command(commands: Any) -> None:
     p.add_argument("--export", dest="export_file", metavar="FILE", help="write a device's timing cache to FILE")
     p.add_argument("--device", help="the device to export (default: this one), as the cache names it")
     p.add_argument("--import", dest="import_file", metavar="FILE", help="merge a timing cache file into the cache")
-    p.set_defaults(run=run_tune)
-
-
-def run_profile(args: argparse.Namespace) -> int:
-    """The profile command: the kernel census of one function (eqsat/census.py)."""
-    try:
-        return _profile(args)
-    except (UsageError, EqsatError, OSError) as error:
-        print(f"python -m eqsat profile: error: {error}", file=sys.stderr)
-        return 2
+    p.set_defaults(run=_reporting("tune", _tune, (ValueError,)))
 
 
 def _profile(args: argparse.Namespace) -> int:
+    """The profile command: the kernel census of one function (eqsat/census.py)."""
     import eqsat
     from eqsat import census, progress
     from eqsat.extract import html_report
-    from eqsat.extract.cost import load_profile
 
-    try:
-        load_profile(args.target)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
+    _target_profile(args.target)
     work = workload(args)
     with progress.live_progress(None if args.progress else False):
         fast = eqsat.optimize(work.fn, target=args.target, background=False)
@@ -511,4 +499,4 @@ def add_profile_command(commands: Any) -> None:
     )
     p.add_argument("--json", metavar="OUT.json", help="save the census (eqsat.census.load_census reads it)")
     p.add_argument("--html", metavar="OUT.html", help="the plan's report with the census drawn as a chart")
-    p.set_defaults(run=run_profile)
+    p.set_defaults(run=_reporting("profile", _profile))
