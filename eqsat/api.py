@@ -118,6 +118,7 @@ class Optimized:
             raise
         if self._plans.epoch == epoch:
             return out
+        self._hand_over(args, kwargs, out)
         return self._finish(args, kwargs, out, raced=True)  # it may have run a plan another thread just built
 
     def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -150,18 +151,16 @@ class Optimized:
     def _finish(self, args: tuple, kwargs: dict[str, Any], out: Any, raced: bool) -> Any:
         """After a call that may owe work: settle it; where nothing is left owed, the next calls take the fast
         path until the epoch moves again."""
-        self._hand_over(args, kwargs, out)
-        if raced or self._plans.unchecked or self._unvalidated or self._unbudgeted:
+        if raced or self._owed():
             out = self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out, raced=raced)
         epoch = self._plans.epoch  # read before the checks: a move after it leaves the fast path off
-        if self._settled():
+        if not self._owed() and self._dispatch.landings == self._plans.landings:
             self._quiet = epoch
         return out
 
-    def _settled(self) -> bool:
-        """Nothing owed by any call: no plan unvalidated, none landed unseen, no budget to check."""
-        unowed = not (self._plans.unchecked or self._unvalidated or self._unbudgeted)
-        return unowed and self._dispatch.landings == self._plans.landings
+    def _owed(self) -> bool:
+        """Whether a call owes work: a plan unvalidated (by any thread), or this thread's budget to check."""
+        return bool(self._plans.unchecked or self._unvalidated or self._unbudgeted)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """A method decorator, as jax.jit is: the instance becomes the first argument."""
