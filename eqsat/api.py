@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import inspect
 import logging
+import os
 import types
 import warnings
 import weakref
@@ -30,9 +31,14 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from jax._src import config
+from jax._src import (
+    config,
+    source_info_util,  # register_exclusion: jax names the user's line, not eqsat's
+)
 from jax._src import core as jax_core  # the trace a body runs under, to tell a call on values from an outer trace
 
+import eqsat.backends
+import eqsat.extract
 from eqsat import background, validate
 from eqsat.backends import memory
 from eqsat.backends.lower import overflow_guarded, with_weights
@@ -85,6 +91,23 @@ def _per_thread(name: str, doc: str) -> property:
     return property(
         lambda self: getattr(self._pending, name), lambda self, value: setattr(self._pending, name, value), doc=doc
     )
+
+
+# a cache miss's explanation (jax_explain_cache_misses) and a traced equation's source name the user's line
+for _package in (eqsat, eqsat.backends, eqsat.extract):
+    source_info_util.register_exclusion(os.path.join(os.path.dirname(_package.__file__), ""))
+
+
+def _unexplained(method: Callable[..., Any]) -> Callable[..., Any]:
+    """eqsat's own traces (capturing, planning, validating, timing, compiling a plan) explain no cache miss: with
+    jax_explain_cache_misses on, a call explains its own trace, once, as jax.jit's call does."""
+
+    @functools.wraps(method)
+    def quiet(*args: Any, **kwargs: Any) -> Any:
+        with config.explain_cache_misses(False):
+            return method(*args, **kwargs)
+
+    return quiet
 
 
 class Optimized:
@@ -277,7 +300,9 @@ class Optimized:
         if dispatch.donates and entry in self._unvalidated:  # the arguments are gone after the call
             self._unvalidated.remove(entry)
             self._validate(entry)
-        return jax.tree_util.tree_unflatten(entry.out_tree, _inlined(entry.call)(*flat))
+        with config.explain_cache_misses(False):  # the plan's own jax.jit objects, traced inline
+            out = _inlined(entry.call)(*flat)
+        return jax.tree_util.tree_unflatten(entry.out_tree, out)
 
     def _checked(self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any]) -> Any:
         """stage(jax.jit object): a call, trace or lowering, then settled; of the plan, where one is being built."""
@@ -300,6 +325,7 @@ class Optimized:
         finally:
             self._pending.staged -= 1
 
+    @_unexplained
     def _settle(
         self,
         stage: Callable[[Any], Any],
@@ -383,6 +409,7 @@ class Optimized:
     _unvalidated = _per_thread("unvalidated", "The plans this thread's calls built or ran and have not validated yet.")
     _unbudgeted = _per_thread("unbudgeted", "The plans this thread built since its last budget check.")
 
+    @_unexplained
     def _entry(self, signature: Signature, prepared: bool = False, tiered: bool = False) -> Entry:
         """The entry of this signature and mode, built by one thread while the others that need it wait.
 
@@ -426,6 +453,7 @@ class Optimized:
         job.add_done_callback(functools.partial(_failed, weakref.ref(self._plans)))  # keeps no plan alive
         return self._planner.pending_entry(signature, captured, job)
 
+    @_unexplained
     def _background_plan(self, signature: Signature, prepared: bool, captured: Captured, call: tuple | None) -> Entry:
         """On the planning thread: the plan built, validated and timed on the first call's arguments (`call`; on
         examples where they were donated), compiled as the dispatch runs it in a fresh dispatch the calls switch
@@ -497,6 +525,7 @@ class Optimized:
         if not entry.validated and entry not in self._unvalidated:
             self._unvalidated.append(entry)
 
+    @_unexplained
     def _validate(
         self,
         entry: Entry,

@@ -95,6 +95,10 @@ class TimingCache:
         return len(new)
 
 
+class OlderFormat(ValueError):
+    """A cache an earlier eqsat wrote: measured again, as one of another jax version is."""
+
+
 def parse(text: str | bytes, origin: str, drop_bad: bool = False) -> TimingCache:
     """A timing cache from its JSON text; `origin` names the file in errors. A timing that is not a finite positive
     number of seconds, or a key not shaped as a kernel's, is an error that names it; with `drop_bad` (a cache file read
@@ -103,8 +107,10 @@ def parse(text: str | bytes, origin: str, drop_bad: bool = False) -> TimingCache
         data = json.loads(text)
     except ValueError as error:  # not JSON, or bytes that are not UTF-8
         raise ValueError(f"{origin}: not a timing cache (invalid JSON: {error})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        found = data.get("format") if isinstance(data, dict) else type(data).__name__
+    found = data.get("format") if isinstance(data, dict) else type(data).__name__
+    if isinstance(found, int) and not isinstance(found, bool) and 0 < found < FORMAT:
+        raise OlderFormat(f"{origin}: a timing cache of format {found}, older than this eqsat's ({FORMAT})")
+    if found != FORMAT:
         raise ValueError(f"{origin}: not a timing cache of format {FORMAT} (format: {found!r})")
     fields = {"device": str, "versions": str, "entries": dict, "too_fast": list}
     for name, kind in fields.items():
@@ -166,6 +172,8 @@ def cache_for(device: str) -> TimingCache:
                     cache.entries = stored.entries
             except (FileNotFoundError, NotADirectoryError):  # nothing measured yet
                 pass
+            except OlderFormat as error:  # an upgrade: measured again and written over, nothing to warn of
+                log.info("eqsat: %s; measuring again", error)
             except (OSError, ValueError) as error:  # measured again, and written over where the cache can be
                 warnings.warn(f"eqsat: ignoring the timing cache {path}: {error}", EqsatWarning, stacklevel=3)
             _LOADED[key] = cache

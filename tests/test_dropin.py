@@ -5,6 +5,8 @@ validation, custom_jvp) runs, not only the fallback to the original."""
 
 import functools
 import gc
+import inspect
+import logging
 import warnings
 import weakref
 
@@ -477,3 +479,23 @@ def test_a_cond_whose_branches_do_not_change_is_not_counted_as_rewritten():
     data = jnp.ones(8)
     plan = eqsat.optimize(lambda p: lax.cond(p, jax.jit(lambda: data[0]), lambda: data[1])).plan(True)
     assert plan.unchanged and not plan.stats.get("bodies_rewritten")
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_call_explains_its_cache_miss_once_at_the_users_line(background, caplog):
+    def f(x, a, b):
+        return x @ a + x @ b  # a plan that rewrites: capture, planning and validation all trace
+
+    fast = eqsat.optimize(f, background=background)
+    x = jnp.ones((16, 16))
+    with jax.explain_cache_misses(True), caplog.at_level(logging.WARNING):
+        fast(x, x, x)
+        line = inspect.currentframe().f_lineno - 1
+        fast.plan(x, x, x)  # built (in the background, or by the call), validated and timed
+        fast(x, x, x)
+        fast(x[:8], x, x)
+        resized = inspect.currentframe().f_lineno - 1
+    misses = [r.getMessage() for r in caplog.records if "CACHE MISS" in r.getMessage()]
+    assert len(misses) == 2, misses
+    assert f"{__file__}:{line}:" in misses[0] and "never seen function" in misses[0], misses[0]
+    assert f"{__file__}:{resized}:" in misses[1] and "f32[8,16]" in misses[1], misses[1]

@@ -4,6 +4,7 @@ machines, and prices that decide the plan."""
 import dataclasses
 import errno
 import json
+import warnings
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -95,6 +96,18 @@ def test_cache_files_are_checked_and_versioned(cache_dir, capsys):
     assert timing.cache_for("cpu:cpu").entries == {}  # another jax may run the op differently: not trusted
     with pytest.raises(ValueError, match="cannot join"):
         timing.cache_for("cpu:cpu").merge(stale)
+
+
+
+def test_a_cache_an_earlier_eqsat_wrote_is_measured_again_without_a_warning(cache_dir):
+    (cache_dir / "timing").mkdir()
+    old = json.loads(timing.TimingCache("cpu:cpu", timing.versions(), {_keys("Conv"): 1.0}).to_json())
+    (cache_dir / "timing" / "cpu_cpu.json").write_text(json.dumps({**old, "format": timing.FORMAT - 1}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert timing.cache_for("cpu:cpu").entries == {}
+    with pytest.raises(ValueError, match=f"format {timing.FORMAT - 1}, older"):  # tune --import still refuses it
+        timing.parse(json.dumps({**old, "format": timing.FORMAT - 1}), "old.json")
 
 
 def _cache_text(device: str, seconds: str) -> str:
