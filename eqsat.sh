@@ -39,7 +39,9 @@ ensure_venv() {  # $1: pip extras, e.g. "test" or "test,models"
     "$py" -m venv .venv
   fi
   .venv/bin/python -m pip install -q --upgrade pip >&2
-  .venv/bin/python -m pip install -q -e ".[$1]" >&2
+  # setuptools notes on every editable install of this layout that a folder named like the package may shadow
+  # it; here that folder is the package itself, so the note says nothing
+  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[$1]" >&2
   touch "$stamp"
 }
 
