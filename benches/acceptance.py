@@ -10,8 +10,8 @@ Prints one line per case: what was optimized, how (target, parameters prepared o
 import argparse
 
 from benches.models import nasrnn
-from eqsat.examples import EXAMPLES
-from eqsat.versus import against_jit
+from eqsat.tools.examples import EXAMPLES
+from eqsat.tools.versus import against_jit
 
 # the demo's examples and five NasRNN steps, the published NasRNN benchmark
 WORKLOADS = {**EXAMPLES, "nasrnn_5_steps": nasrnn.build}

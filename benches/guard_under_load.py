@@ -4,7 +4,7 @@
     python -m benches.guard_under_load --runs 5 --busy 0     # the same on a quiet machine
 
 Each run is a new process with an empty cache directory (no stored plan, no timing cache) that plans one example
-of eqsat/examples.py (`distributivity` by default), waits for the plan and prints its guard's decision. The busy
+of eqsat/tools/examples.py (`distributivity` by default), waits for the plan and prints its guard's decision. The busy
 processes spin for the whole bench and are stopped at its end.
 """
 
@@ -18,7 +18,7 @@ import tempfile
 
 _RUN = """
 import json, eqsat
-from eqsat.examples import EXAMPLES
+from eqsat.tools.examples import EXAMPLES
 work = EXAMPLES[{name!r}]("full")
 fast = eqsat.optimize(work.fn, params_argnums=work.params_argnums)
 fast(*work.args)
@@ -34,7 +34,7 @@ def _spin() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--example", default="distributivity", help="an example of eqsat/examples.py")
+    parser.add_argument("--example", default="distributivity", help="an example of eqsat/tools/examples.py")
     parser.add_argument("--runs", type=int, default=10, help="fresh processes")
     parser.add_argument("--busy", type=int, default=2, help="busy processes spinning beside them")
     options = parser.parse_args()

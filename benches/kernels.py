@@ -34,7 +34,7 @@ import eqsat
 from benches.models import nasnet_a
 from benches.real_models import _keras_app
 from eqsat.measure import compare
-from eqsat.versus import against_jit
+from eqsat.tools.versus import against_jit
 from eqsat.workload import Workload
 
 KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "ConvNeXtTiny")

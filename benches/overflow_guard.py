@@ -18,9 +18,9 @@ import jax
 from jax.extend import core as jcore
 
 import eqsat
-from eqsat import examples
 from eqsat.backends.lower import lower, overflow_guarded
 from eqsat.measure import compare
+from eqsat.tools import examples
 
 CASES = ("matmul_chain", "distributivity")
 BATCH = 4

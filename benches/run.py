@@ -24,7 +24,7 @@ from benches.charts import CHARTS, draw_results, write_charts
 from eqsat import progress
 from eqsat.backends.memory import xla_figure
 from eqsat.extract.cost import class_of
-from eqsat.versus import against_jit
+from eqsat.tools.versus import against_jit
 from eqsat.workload import Workload
 
 

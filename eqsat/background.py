@@ -1,6 +1,6 @@
 """Plans built beside the program, as a tiered JIT builds its optimized tier: a signature's first call runs
 jax.jit's program while its plan is built here, and a later call switches to the plan once it is ready
-(eqsat/api.py, optimize(background=True)).
+(eqsat/dispatcher.py, optimize(background=True)).
 
 One daemon thread builds the plans, one at a time. When the process exits, the plan being built stops at its next
 progress event (eqsat/progress.py: each phase, saturation iteration and kernel measured) and the queued ones are

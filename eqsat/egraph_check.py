@@ -2,8 +2,8 @@
 
 check_egraph evaluates the original program on concrete inputs, giving each original e-class a value, then
 evaluates every e-node whose children have values with its op's lowering and compares the result with its
-e-class's value. `rules check` (eqsat/verify.py) runs it over random programs; validation (eqsat/api.py) runs it
-on the caller's arguments to tell which rule made a wrong plan wrong.
+e-class's value. `rules check` (eqsat/tools/verify.py) runs it over random programs; validation (eqsat/validate.py)
+runs it on the caller's arguments to tell which rule made a wrong plan wrong.
 """
 
 from collections.abc import Sequence

@@ -94,7 +94,7 @@ class OpSpec:
     # that no special capture in eqsat/capture.py handles. Without it only parameterless primitives are captured.
     capture_params: Callable[[dict[str, Any]], tuple | None] | None = None
     # the attribute tuples `rules check` may draw for an input of this shape (all inputs share it); ops without a
-    # hand-written generator in eqsat/generators.py are drawn from it (no attributes: the op on random inputs)
+    # hand-written generator in eqsat/tools/generators.py are drawn from it (no attributes: the op on random inputs)
     example_attrs: Callable[[Shape], list[tuple]] | None = None
     declaration: str | None = None  # egglog declaration, for a structural op that is not a plain constructor
     # (attrs, input shapes) -> what siblings reading the same first input must share for a merge rule to join

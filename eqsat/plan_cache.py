@@ -78,6 +78,13 @@ class PerThread(threading.local):
         self.ready: tuple | None = None  # (key, entry) the planning thread compiles before it installs it
 
 
+def per_thread(name: str, doc: str) -> property:
+    """An attribute that is this thread's own, kept in the object's PerThread (`_pending`)."""
+    return property(
+        lambda self: getattr(self._pending, name), lambda self, value: setattr(self._pending, name, value), doc=doc
+    )
+
+
 # Plans are shared by every optimize() of one function with the same settings, as jax.jit shares its traces:
 # weakly keyed by the function, so that `jax.jit(f)(x)` written inside a loop or a gradient plans f once.
 _SHARED: "weakref.WeakKeyDictionary[Callable[..., Any], dict[tuple, SharedPlans]]" = weakref.WeakKeyDictionary()

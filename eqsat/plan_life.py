@@ -11,9 +11,9 @@
 ```
 
 `built`, `validated` and `kept` run the plan; `building`, `original` and `cleared` run the original. Validation,
-the guard and the memory budget return verdicts (eqsat/validate.py, eqsat/budget.py); the wrapper (eqsat/api.py)
-applies them here, so that what an entry runs changes in this module only. `stored` records that the plan (or
-its refusal) was written to the plan store (eqsat/plan_store.py).
+the guard and the memory budget return verdicts (eqsat/validate.py, eqsat/budget.py); the calls' side
+(eqsat/dispatcher.py) applies them here, so that what an entry runs changes in this module only. `stored` records
+that the plan (or its refusal) was written to the plan store (eqsat/plan_store.py).
 """
 
 import enum

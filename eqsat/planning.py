@@ -2,7 +2,7 @@
 -> an Entry that runs the plan, or the original where nothing pays.
 
 Plain values in and out: a function, its frozen Options and a Signature give an Entry. The wrapper
-(eqsat/api.py) calls this outside the trace of the jax.jit that runs the plans; capture traces the function on
+(eqsat/dispatcher.py) calls this outside the trace of the jax.jit that runs the plans; capture traces the function on
 abstract values, so a plan can be built under any transformation of the caller.
 """
 

@@ -3,7 +3,7 @@ to blame, and the original runs), its collectives against jax.jit's on sharded a
 original's (Limits.guard_seconds).
 
 Each check records what it found in the plan and returns a verdict (eqsat/plan_life.py): the transitions of the
-entry's life, which the wrapper (eqsat/api.py) applies; it decides when to run them and rebuilds its dispatch
+entry's life, which the calls' side (eqsat/dispatcher.py) applies; it decides when to run them and rebuilds its dispatch
 where what runs changed.
 """
 

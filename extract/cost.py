@@ -39,7 +39,7 @@ class Profile:
     epilogue_activations: tuple[str, ...] = ()
     disabled_rules: tuple[str, ...] = ()  # rule groups that do not pay on this target, as measured
     notes: str = ""
-    # Measured by `python -m eqsat calibrate` (extract/calibrate.py); the defaults keep older profiles as they were.
+    # Measured by `python -m eqsat calibrate` (eqsat/tools/calibrate.py); the defaults keep older profiles as they were.
     contraction_overhead: float | None = None  # fixed seconds per dot/conv kernel; None: launch_overhead
     conv_peak_flops: dict[str, float] | None = None  # convolutions reach less than GEMMs on CPUs; None: peak_flops
     cache_bandwidth: float | None = None  # bandwidth while a node's bytes fit in cache_bytes

@@ -44,7 +44,7 @@ def bert_small_plans() -> dict:
 def plans() -> dict:
     """x@W1 + x@W2 planned for cpu and h100, and the matmul chain for cpu (the bundled examples, small)."""
     import eqsat
-    from eqsat.examples import EXAMPLES
+    from eqsat.tools.examples import EXAMPLES
 
     work = EXAMPLES["distributivity"]("small")
     chain = EXAMPLES["matmul_chain"]("small")

@@ -66,16 +66,16 @@ def test_pytrees_static_args_and_decorator():
     x = jax.random.normal(key, (4, 8))
     for act in ("tanh", "none"):
         _close(f(params, x, act), f.__wrapped__(params, x, act))
-    assert len(f._cache) == 2
+    assert len(f._calls.cache) == 2
 
 
 def test_new_shape_reoptimizes_and_cache_hits():
     fast = eqsat.optimize(lambda a, b: jnp.sum(a @ b))
     fast(jnp.ones((3, 4)), jnp.ones((4, 5)))
     fast(jnp.ones((3, 4)), jnp.ones((4, 5)))
-    assert len(fast._cache) == 1
+    assert len(fast._calls.cache) == 1
     fast(jnp.ones((2, 4)), jnp.ones((4, 5)))
-    assert len(fast._cache) == 2
+    assert len(fast._calls.cache) == 2
 
 
 def test_grad_and_vmap_compose():

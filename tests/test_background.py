@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import eqsat
+from eqsat.dispatcher import Dispatcher
 
 X = jnp.arange(12.0).reshape(3, 4) / 10
 W1, W2 = jnp.ones((4, 5)), jnp.full((4, 5), 0.5)
@@ -31,7 +32,7 @@ def _program():
 
 
 def _entry(fast):
-    (entry,) = fast._cache.values()
+    (entry,) = fast._calls.cache.values()
     return entry
 
 
@@ -46,10 +47,10 @@ def test_the_first_call_runs_jax_jits_program_and_a_later_call_the_validated_pla
     assert plan.rewritten_ops() and fast.cache_info()["planning"] == 0
     entry = _entry(fast)
     assert entry.validated and entry.call is not entry.original and entry.job is None
-    warm = fast._warm  # the plan compiled in a dispatch of its own, on the first call's arguments
+    warm = fast._calls._warm  # the plan compiled in a dispatch of its own, on the first call's arguments
     assert warm is not None and entry.traced
     np.testing.assert_allclose(fast(X, W1, W2), first, rtol=1e-6)
-    assert fast._dispatch is warm  # the call switched to it: nothing traced or compiled in the call
+    assert fast._calls.dispatch is warm  # the call switched to it: nothing traced or compiled in the call
 
 
 def test_a_settled_signature_is_called_through_jax_jits_dispatch_alone(monkeypatch):
@@ -58,10 +59,9 @@ def test_a_settled_signature_is_called_through_jax_jits_dispatch_alone(monkeypat
     fast.plan(X, W1, W2)
     fast(X, W1, W2)  # switches to the plan and settles
     slow, finished = [], []
-    monkeypatch.setattr(fast, "_call", lambda *a: slow.append(a) or eqsat.api.Optimized._call(fast, *a))
-    monkeypatch.setattr(
-        fast, "_finish", lambda *a, **k: finished.append(a) or eqsat.api.Optimized._finish(fast, *a, **k)
-    )
+    calls = fast._calls
+    monkeypatch.setattr(calls, "call", lambda *a: slow.append(a) or Dispatcher.call(calls, *a))
+    monkeypatch.setattr(calls, "finish", lambda *a, **k: finished.append(a) or Dispatcher.finish(calls, *a, **k))
     for _ in range(5):
         np.testing.assert_allclose(fast(X, W1, W2), X @ (W1 + W2), rtol=1e-6)
     assert not slow and not finished  # nothing but jax.jit's call
@@ -136,7 +136,7 @@ def test_a_process_exits_without_waiting_for_the_plan_being_built(tmp_path):
         planning.saturate = slow_saturate
         fast = eqsat.optimize(lambda x: jnp.tanh(x) * 2, background=True)
         print("result:", float(fast(jnp.ones(3)).sum()))
-        (entry,) = fast._cache.values()
+        (entry,) = fast._calls.cache.values()
         jobs.append(entry.job)
         """
     )

@@ -16,7 +16,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_calibrate_writes_a_profile_that_load_profile_prefers(cache):
-    from eqsat.extract.calibrate import calibrate, summary
+    from eqsat.tools.calibrate import calibrate, summary
 
     assert load_profile("cpu") == load_bundled("cpu")  # nothing calibrated yet
     written = calibrate(seconds_budget=1.0, scale=1 / 16)
@@ -46,7 +46,7 @@ def test_older_profile_json_still_loads(cache):
 
 def test_fidelity_is_computed_on_tiny_candidates(cache):
     from benches.fidelity import VARIANTS, candidates, evaluate
-    from eqsat.examples import EXAMPLES
+    from eqsat.tools.examples import EXAMPLES
 
     works = [EXAMPLES["matmul_chain"]("small"), EXAMPLES["distributivity"]("small")]
     cands = candidates(works, [v for v in VARIANTS if v[0] in ("cpu", "none")])

@@ -3,8 +3,9 @@
 import pytest
 from rich.console import Console
 
-from eqsat.extract import changes, html_report
+from eqsat.extract import changes
 from eqsat.extract.views import plan_program
+from eqsat.tools import html_report
 
 
 def test_compare_prints_a_table_and_returns_its_data(plans, capsys):

@@ -104,11 +104,11 @@ def test_bad_arg_spec_is_an_argparse_error():
 @pytest.mark.parametrize(
     "argv, flag",
     [
-        (["optimize", "eqsat.examples:matmul_chain", "--iterations", "-3"], "--iterations"),
-        (["optimize", "eqsat.examples:matmul_chain", "--nodes", "1.5"], "--nodes"),
-        (["optimize", "eqsat.examples:matmul_chain", "--seconds", "nan"], "--seconds"),
-        (["optimize", "eqsat.examples:matmul_chain", "--measure", "0"], "--measure"),
-        (["tune", "eqsat.examples:matmul_chain", "--budget", "-1"], "--budget"),
+        (["optimize", "eqsat.tools.examples:matmul_chain", "--iterations", "-3"], "--iterations"),
+        (["optimize", "eqsat.tools.examples:matmul_chain", "--nodes", "1.5"], "--nodes"),
+        (["optimize", "eqsat.tools.examples:matmul_chain", "--seconds", "nan"], "--seconds"),
+        (["optimize", "eqsat.tools.examples:matmul_chain", "--measure", "0"], "--measure"),
+        (["tune", "eqsat.tools.examples:matmul_chain", "--budget", "-1"], "--budget"),
         (["demo", "--seconds", "inf"], "--seconds"),
         (["calibrate", "--seconds", "0"], "--seconds"),
         (["rules", "check", "--examples", "0"], "--examples"),
@@ -129,7 +129,7 @@ def test_a_bad_number_is_an_argument_error(argv, flag, capsys):
 
 def test_optimize_with_negative_iterations_prints_no_traceback():
     done = subprocess.run(
-        [sys.executable, "-m", "eqsat", "optimize", "eqsat.examples:matmul_chain", "--iterations", "-3"],
+        [sys.executable, "-m", "eqsat", "optimize", "eqsat.tools.examples:matmul_chain", "--iterations", "-3"],
         capture_output=True,
         text=True,
     )
@@ -141,7 +141,7 @@ def test_fuzz_takes_the_common_flags_and_no_progress_drops_its_progress_lines(ca
     monkeypatch.setenv("EQSAT_PLAN_STORE", "off")  # what the command sets for itself
     monkeypatch.setattr(signal, "signal", lambda *args: None)  # the command's SIGTERM handler stays out of pytest
     verbosity: list[int] = []
-    monkeypatch.setattr(eqsat.__main__, "configure_logging", verbosity.append)  # no handler left behind
+    monkeypatch.setattr(eqsat.tools.main, "configure_logging", verbosity.append)  # no handler left behind
     assert main(["fuzz", "--n", "2", "--every", "1", "--no-progress", "-v"]) == 0
     quiet = capsys.readouterr().out
     assert "2 cases" in quiet and not re.search(r"^\d+ cases, \d\d:\d\d:\d\d$", quiet, re.M), quiet

@@ -105,7 +105,7 @@ def test_donated_arguments_are_validated_before_donation():
     want = chain(A, V)
     got = fast(A, jnp.array(V))
     _close(got, want)
-    assert fast.plan(A, V).rewritten_ops() and not fast._unvalidated
+    assert fast.plan(A, V).rewritten_ops() and not fast._calls._unvalidated
 
 
 def test_donate_argnames_and_static_argnames():
@@ -278,9 +278,9 @@ def test_the_dispatch_holds_the_program_not_a_nested_jit():
 def test_clear_cache_forgets_plans():
     fast = _fast()
     fast(A, V)
-    assert fast._cache
+    assert fast._calls.cache
     fast.clear_cache()
-    assert not fast._cache
+    assert not fast._calls.cache
     _close(fast(A, V), chain(A, V))
 
 

@@ -1,4 +1,4 @@
-"""The differential fuzzer (eqsat/fuzz.py) in the default suite, and the failures it found, each as a test."""
+"""The differential fuzzer (eqsat/tools/fuzz.py) in the default suite, and the failures it found, each as a test."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,8 @@ import pytest
 from jax import lax
 
 import eqsat
-from eqsat import fuzz, tolerance
+from eqsat import tolerance
+from eqsat.tools import fuzz
 
 # 300 cases of one seed in chunks, so that pytest-xdist spreads them over the workers (about 1 s a case on one
 # core; `python -m eqsat fuzz --n 10000 --seed S --jobs 2` runs more)

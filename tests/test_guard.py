@@ -53,7 +53,7 @@ def test_a_plan_measured_slower_with_confidence_is_dropped_and_says_what_was_mea
     assert plan.rewritten_ops() and plan.measured["kept"] is False and plan.measured["decision"] == "slower"
     assert plan.measured["rounds"] == 7 and plan.measured["confidence"] > 0.99  # stopped once decided
     assert "slower with 99% confidence: the original runs" in plan.fallback and "faster in 0 of 7" in plan.summary()
-    entry = next(iter(fast._cache.values()))
+    entry = next(iter(fast._calls.cache.values()))
     assert entry.call is entry.original
     fast(*args)
     assert len(calls) == 1  # measured once per plan
@@ -66,7 +66,7 @@ def _guarded_plan(n: int) -> tuple[Any, Any]:
     args = _args(n)
     fast(*args)
     plan = fast.plan(*args)
-    entry = next(iter(fast._cache.values()))
+    entry = next(iter(fast._calls.cache.values()))
     return plan, entry.call is not entry.original
 
 

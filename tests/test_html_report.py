@@ -15,11 +15,12 @@ import pytest
 
 import eqsat
 from eqsat import census
-from eqsat.examples import EXAMPLES
-from eqsat.extract import html_report, report
+from eqsat.extract import report
 from eqsat.extract.changes import diff_regions, regions
 from eqsat.extract.plan import Plan
 from eqsat.extract.views import plan_program
+from eqsat.tools import html_report
+from eqsat.tools.examples import EXAMPLES
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 

@@ -37,15 +37,17 @@ LAYERS: list[tuple[str, set[str]]] = [
         "eqsat.validate",
     }),
     # the census is a tool, beside the API so that fast.profile() can take one (imported inside the method)
-    ("API", {"eqsat.api", "eqsat.buckets", "eqsat.census"}),
+    ("API", {"eqsat.api", "eqsat.buckets", "eqsat.census", "eqsat.dispatcher", "eqsat.prepare"}),
+    # eqsat/tools/: the command line, examples, fuzzing, generators, rule verification, calibration, the HTML report
     ("tools", {
-        "eqsat.__main__", "eqsat.cli", "eqsat.examples", "eqsat.extract.calibrate", "eqsat.extract.html_report",
-        "eqsat.gen_algebra", "eqsat.gen_conv", "eqsat.generators", "eqsat.program", "eqsat.verify", "eqsat.versus",
-        "eqsat.fuzz",
+        "eqsat.__main__", "eqsat.tools", "eqsat.tools.main", "eqsat.tools.cli", "eqsat.tools.examples",
+        "eqsat.tools.calibrate", "eqsat.tools.html_report", "eqsat.tools.gen_algebra", "eqsat.tools.gen_conv",
+        "eqsat.tools.generators", "eqsat.tools.program", "eqsat.tools.verify", "eqsat.tools.versus",
+        "eqsat.tools.fuzz",
     }),
 ]  # fmt: skip
 LAYER = {module: depth for depth, (_, modules) in enumerate(LAYERS) for module in modules}
-PACKAGES = ("eqsat", "eqsat.extract", "eqsat.backends")
+PACKAGES = ("eqsat", "eqsat.extract", "eqsat.backends", "eqsat.tools")
 
 
 def _modules() -> dict[str, Path]:
@@ -94,6 +96,14 @@ GRAPH = {module: _imports(path) - {module} for module, path in MODULES.items()}
 
 def test_every_module_has_a_layer():
     assert set(MODULES) == set(LAYER), "place new modules in LAYERS (and remove gone ones)"
+
+
+def test_the_runtime_imports_no_tool():
+    """Everything outside eqsat/tools/ (and `python -m eqsat`'s entry) is the runtime: it never imports a tool."""
+    runtime = [m for m in MODULES if m != "eqsat.__main__" and not m.startswith("eqsat.tools")]
+    assert {m for m in MODULES if LAYERS[LAYER[m]][0] == "tools"} == set(MODULES) - set(runtime)
+    found = [f"{m} imports {t}" for m in runtime for t in GRAPH[m] if t.startswith("eqsat.tools")]
+    assert not found, "\n".join(found)
 
 
 def test_imports_only_go_down():

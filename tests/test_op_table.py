@@ -10,10 +10,10 @@ from jax import lax
 import eqsat
 from eqsat.capture import capture
 from eqsat.extract.cost import PRICES
-from eqsat.generators import generators
 from eqsat.ops import OPS, CostClass, OpSpec
 from eqsat.rule_sources import RuleSource
-from eqsat.verify import check_rules
+from eqsat.tools.generators import generators
+from eqsat.tools.verify import check_rules
 
 ERF = OpSpec(
     "Erf", (), 1, "elementwise", lambda _attrs, x: lax.erf(x),

@@ -45,7 +45,7 @@ def _args():
 
 
 def _entries(fast) -> list[Entry]:
-    return list(fast._cache.values())
+    return list(fast._calls.cache.values())
 
 
 def _life(fast) -> tuple[State, list[Event]]:

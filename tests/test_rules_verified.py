@@ -7,12 +7,12 @@ from hypothesis import HealthCheck, given, settings
 from jax import lax
 
 from eqsat.__main__ import main
-from eqsat.generators import GENERATORS, generators, programs
 from eqsat.ops import OPS
-from eqsat.program import Program
 from eqsat.rule_sources import RuleSource, collect, real_rules
 from eqsat.tolerance import rule_tolerance
-from eqsat.verify import check_program, check_rules
+from eqsat.tools.generators import GENERATORS, generators, programs
+from eqsat.tools.program import Program
+from eqsat.tools.verify import check_program, check_rules
 
 UNSOUND_SUB = '(rewrite (Sub a b) (Sub b a) :name "unsound-sub")'
 
@@ -88,8 +88,8 @@ def test_builtin_rules_all_fire_and_agree(capsys):
 
 
 def test_rules_no_generator_reaches_are_checked_on_their_own_pattern():
-    from eqsat.generators import pattern_programs
     from eqsat.rule_sources import rules_in
+    from eqsat.tools.generators import pattern_programs
 
     for text, sound in [
         ("(rewrite (Neg (Neg x)) (Neg x))", False),

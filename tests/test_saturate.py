@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, given, settings
 import eqsat
 from eqsat import saturate as saturation
 from eqsat.capture import capture
-from eqsat.generators import programs
-from eqsat.program import Program
 from eqsat.rule_sources import RuleSource, collect
 from eqsat.saturate import Limits, Snapshot, saturate
+from eqsat.tools.generators import programs
+from eqsat.tools.program import Program
 
 RULES = collect()
 LIMITS = Limits(iterations=4, seconds=20)

@@ -6,11 +6,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eqsat.capture import capture
-from eqsat.generators import programs
 from eqsat.ir import Graph, Node
 from eqsat.ops import OPS, infer
-from eqsat.program import Program
 from eqsat.saturate import Limits, saturate
+from eqsat.tools.generators import programs
+from eqsat.tools.program import Program
 
 
 def _cases(graph: Graph, draw: st.DrawFn) -> list[tuple[str, tuple, tuple]]:

@@ -1,7 +1,7 @@
 """Rule verification: every equality a rule adds must hold on concrete values.
 
 check_egraph (eqsat/egraph_check.py) evaluates every e-node of a saturated e-graph on concrete inputs and
-compares it with its e-class's value. check_rules does that over random programs (eqsat/generators.py: hypothesis
+compares it with its e-class's value. check_rules does that over random programs (eqsat/tools/generators.py: hypothesis
 strategies, one small entry per op or rule pattern) saturated with the rules under test, and counts how often each
 rule fired.
 Verification is about truth, not profitability: groups a target disables are checked too.
@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 from eqsat.capture import capture
 from eqsat.egraph_check import Disagreement, check_egraph
 from eqsat.errors import EqsatError
-from eqsat.generators import generators, pattern_programs, programs
 from eqsat.ir import Graph
-from eqsat.program import Program
 from eqsat.rule_sources import RuleSource, builtin_groups, collect, keeping, real_rules, rule_names, rules_in
 from eqsat.saturate import Limits, Snapshot, saturate
+from eqsat.tools.generators import generators, pattern_programs, programs
+from eqsat.tools.program import Program
 
 # Small enough that one program saturates and evaluates in well under a second, large enough that rules
 # two or three rewrites away from the captured program get to fire.

@@ -1,5 +1,5 @@
 """Generators of random programs over contractions, elementwise ops, layout and the stable composites: one
-entry of ALGEBRA per op or rule pattern (eqsat/generators.py joins them with the other tables)."""
+entry of ALGEBRA per op or rule pattern (eqsat/tools/generators.py joins them with the other tables)."""
 
 from collections.abc import Callable
 from typing import Any
@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import strategies as st
 from jax import lax
 
-from eqsat.program import DrawFn, Program, Shape, any_value, dims, positive
+from eqsat.tools.program import DrawFn, Program, Shape, any_value, dims, positive
 
 
 def _unary(fn: Callable[..., Any], domain: str = "") -> Callable[[DrawFn, Program], int]:

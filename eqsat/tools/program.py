@@ -1,5 +1,5 @@
 """Random JAX programs for `rules check`: inputs of random shapes and steps over earlier values, drawn by the
-generators of eqsat/gen_algebra.py and eqsat/gen_conv.py (hypothesis strategies)."""
+generators of eqsat/tools/gen_algebra.py and eqsat/tools/gen_conv.py (hypothesis strategies)."""
 
 from collections.abc import Callable
 from dataclasses import dataclass, field

@@ -1,7 +1,7 @@
 """Differential fuzzing of the whole pipeline: random JAX programs through optimize(), under random
 transformations and calling contexts, against jax.jit of the same program.
 
-The programs are those `rules check` draws (eqsat/generators.py: one generator per op of the table and per rule
+The programs are those `rules check` draws (eqsat/tools/generators.py: one generator per op of the table and per rule
 pattern, the kernel-selection alternatives, convolution gradients and pools included), over float32, bfloat16,
 float16 and int32, with their inputs packed as pytrees, their results as a dict or tuple, and the program placed
 in a scan, cond, fori_loop or remat body or left straight. Each is optimized with random options (target,
@@ -39,10 +39,10 @@ from jax import lax
 from eqsat.api import optimize
 from eqsat.buckets import Buckets
 from eqsat.errors import EqsatWarning
-from eqsat.generators import generators
-from eqsat.program import Program
 from eqsat.saturate import Limits
 from eqsat.tolerance import beyond_conditioning, comparable, less_accurate, mismatch
+from eqsat.tools.generators import generators
+from eqsat.tools.program import Program
 
 # small: a case must take well under a second; validation's blame search is what a failure costs, so it is short
 FUZZ_LIMITS = Limits(
@@ -355,7 +355,7 @@ def run_case(case: Case) -> Outcome:
     fallback = any("differed from the original" in m for m in messages)
     internal = [m for m in messages if "could not plan" in m]
     rewritten = collections.Counter()
-    entries = list(getattr(fast, "optimized", fast)._cache.values())  # a Bucketed's optimized function
+    entries = list(getattr(fast, "optimized", fast)._calls.cache.values())  # a Bucketed's optimized function
     for entry in entries:
         rewritten.update(entry.plan.rewritten_ops() if entry.plan.fallback is None else {})
     outcome = Outcome(case, "ok", fallback=fallback, rewritten=dict(rewritten), seconds=0.0)

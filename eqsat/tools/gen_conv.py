@@ -10,8 +10,8 @@ import numpy as np
 from hypothesis import strategies as st
 from jax import lax
 
-from eqsat.gen_algebra import dot, row
-from eqsat.program import DrawFn, Program, Shape, dims
+from eqsat.tools.gen_algebra import dot, row
+from eqsat.tools.program import DrawFn, Program, Shape, dims
 
 # channels-last dimension numbers of 1, 2 and 3 spatial axes
 LAYOUTS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
@@ -175,13 +175,14 @@ def _gen_one_hot(draw: DrawFn, prog: Program, use: str) -> int:
     return prog.apply(f"one_hot{depth}", one_hot, x)
 
 
-def _gen_sibling_convs(draw: DrawFn, prog: Program) -> int:
-    """Two convs of one input with one window, kept apart or concatenated on channels: conv-merge patterns."""
+def _gen_sibling_convs(draw: DrawFn, prog: Program, concatenated: bool) -> int:
+    """Two convs of one input with one window, kept apart or concatenated on channels: conv-merge patterns (each
+    its own entry, so that every run draws both, whatever its seed)."""
     x = _conv_input(draw, prog, 1)
     kernel, conv, label = _conv_params(draw, prog, x, 1)
     other = (*kernel[:-1], draw(st.integers(1, 3)))
     a, b = prog.apply(label, conv, x, prog.fresh(kernel)), prog.apply(label, conv, x, prog.fresh(other))
-    if draw(st.booleans()):
+    if concatenated:
         return prog.apply("concat_channels", lambda p, q: lax.concatenate([p, q], p.ndim - 1), a, b)
     return b
 
@@ -241,7 +242,8 @@ CONV: dict[str, Callable[[DrawFn, Program], int]] = {
     "OneHot": lambda draw, prog: _gen_one_hot(draw, prog, ""),
     "Take": lambda draw, prog: _gen_one_hot(draw, prog, "table"),
     "ScatterRows": lambda draw, prog: _gen_one_hot(draw, prog, "gradient"),
-    "sibling-convs": _gen_sibling_convs,
+    "sibling-convs": lambda draw, prog: _gen_sibling_convs(draw, prog, concatenated=False),
+    "concat-of-sibling-convs": lambda draw, prog: _gen_sibling_convs(draw, prog, concatenated=True),
     "conv-sum": _gen_conv_sum,
     "enlarge": _gen_enlarge,
     "scale-shift": _scale_shift(None),

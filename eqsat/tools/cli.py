@@ -20,7 +20,7 @@ examples:
   python -m eqsat optimize --bench bert --target h100 --params-argnums 0 --json bert_h100.json
   python -m eqsat compare bert_cpu.json bert_h100.json
   python -m eqsat optimize mypkg.model:forward --args f32[64,1024] f32[1024,1024] --measure
-  python -m eqsat optimize eqsat.examples:matmul_chain --dot plan.dot   # a factory returning a Workload
+  python -m eqsat optimize eqsat.tools.examples:matmul_chain --dot plan.dot   # a factory returning a Workload
 
 The function is captured, saturated under the rules, and the cheapest plan for the target extracted and
 validated against the original on the example arguments. Without --args, MODULE:FUNCTION must be a factory
@@ -218,9 +218,10 @@ def _optimize(args: argparse.Namespace) -> int:
 
     import eqsat
     from eqsat import progress
-    from eqsat.extract import html_report, report
+    from eqsat.extract import report
     from eqsat.measure import compare
     from eqsat.signature import merge_params
+    from eqsat.tools import html_report
 
     _target_profile(args.target)
     work = workload(args)
@@ -457,7 +458,7 @@ def _profile(args: argparse.Namespace) -> int:
     """The profile command: the kernel census of one function (eqsat/census.py)."""
     import eqsat
     from eqsat import census, progress
-    from eqsat.extract import html_report
+    from eqsat.tools import html_report
 
     _target_profile(args.target)
     work = workload(args)

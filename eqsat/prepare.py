@@ -1,0 +1,73 @@
+"""`fast.prepare(*params)`: the parameters bound, and the weight-only part of each signature's plan computed once,
+as an inference engine does when it builds (optimize(..., params_argnums=...))."""
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax._src import config
+
+from eqsat import validate
+from eqsat.backends.lower import overflow_guarded, with_weights
+from eqsat.dispatcher import Dispatcher, inlined
+from eqsat.ir import Role
+from eqsat.plan_life import Event, State
+from eqsat.signature import aval_key, merge_params
+
+
+def prepare(calls: Dispatcher, params: tuple) -> Callable[..., Any]:
+    """A function of the remaining arguments, the parameters (params_argnums, in order) bound."""
+    params_argnums = calls.options.params_argnums
+    if len(params) != len(params_argnums):
+        raise TypeError(f"prepare() takes the {len(params_argnums)} parameter argument(s) {params_argnums}")
+    params_flat = jax.tree_util.tree_leaves(params)
+    ready: dict[Any, Callable[[tuple, list[Any]], Any]] = {}
+
+    def prepared(*rest: Any) -> Any:
+        leaves, tree = jax.tree_util.tree_flatten(rest)
+        key = (tree, tuple(aval_key(x) for x in leaves), config.trace_context())  # as a Signature is keyed
+        if key not in ready:
+            ready[key] = _signature_call(calls, params, rest, params_flat)
+        return ready[key](rest, leaves)
+
+    return prepared
+
+
+def _signature_call(calls: Dispatcher, params: tuple, rest: tuple, params_flat: list[Any]) -> Callable[..., Any]:
+    """Plan, validate and run the weight-only subgraph once, for one signature of the other arguments.
+
+    Returns call(other arguments, their leaves). An unchanged plan calls the original through jax.jit, exactly as
+    the caller would; otherwise the plan runs with the prepared weights, the leaves put in order at trace time."""
+    params_argnums, options = calls.options.params_argnums, calls.options
+    flat, signature = calls.signature(merge_params(params_argnums, params, rest), {})
+    entry = calls.entry(signature, prepared=True)
+    calls.compared(entry, flat)
+    original = jax.jit(calls.fun, static_argnums=options.static_argnums)
+
+    def unchanged(rest_args: tuple, _leaves: list[Any]) -> Any:
+        return original(*merge_params(params_argnums, params, rest_args))
+
+    if entry.call is entry.original:
+        return unchanged
+    is_param = [v.role is Role.PARAMETER for v in entry.plan.graph.input_variables()]
+
+    def ordered(params_flat: list[Any], rest_flat: list[Any]) -> list[Any]:
+        p, r = iter(params_flat), iter(rest_flat)
+        return [next(p) if param else next(r) for param in is_param]
+
+    watch = calls.planner.overflow_watch(entry.plan)
+    body, weights = with_weights(entry.plan, flat, watch)
+    if watch:  # the original, the guard's fallback, takes no prepared weights
+        original_flat, n = inlined(entry.original), len(flat)
+        body = overflow_guarded(body, lambda *args: original_flat(*args[:n]), len(watch))
+    run = jax.jit(lambda p, r, w: body(*ordered(p, r), *w))
+    leaves = [x for x, param in zip(flat, is_param, strict=True) if not param]
+    with entry.lock:  # timed once, by the first prepare of this signature
+        if entry.state is State.VALIDATED and options.limits.guard_seconds <= 0:
+            entry.move(Event.KEPT)
+        elif entry.state is State.VALIDATED:
+            optimized, plain = lambda: run(params_flat, leaves, weights), lambda: entry.original(*flat)
+            entry.apply(validate.timed(calls.planner, entry, optimized, plain))
+    if entry.call is entry.original:
+        return unchanged
+    return lambda _rest, leaves: jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, weights))

@@ -1,0 +1,210 @@
+"""Command line: `python -m eqsat demo` optimizes the bundled examples and prints plans and measured speed-ups."""
+
+import argparse
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from eqsat.progress import configure_logging, live_progress
+from eqsat.tools.cli import add_common_flags, add_optimize_command, add_profile_command, add_tune_command, number
+
+
+def demo(args: argparse.Namespace) -> int:
+    from eqsat.tools.examples import EXAMPLES
+    from eqsat.tools.versus import against_jit
+
+    names = args.model or list(EXAMPLES)
+    for name in names:
+        if name not in EXAMPLES:
+            print(f"unknown example {name!r}; choose from {sorted(EXAMPLES)}", file=sys.stderr)
+            return 2
+        work = EXAMPLES[name](args.scale)
+        prepared = " (weights declared and prepared)" if work.params_argnums else ""
+        print(f"== {work.name}: {work.note}{prepared}")
+        with live_progress(None if args.progress else False):
+            timing, fast = against_jit(work, args.target, prepare=True, seconds=args.seconds)
+        print(fast.plan(*work.args).summary())
+        print(f"  measured         {timing}")
+        print(f"  (the ratio is jax.jit time / eqsat time, same process, interleaved; target {args.target})\n")
+    return 0
+
+
+def compare_plans(args: argparse.Namespace) -> int:
+    from eqsat.census import is_census
+    from eqsat.extract.changes import compare
+    from eqsat.extract.report import PlanFormatError, load_plan
+
+    censuses = [path for path in args.plans if is_census(path)]
+    paths = [path for path in args.plans if path not in censuses]
+    if censuses:
+        status = compare_censuses(censuses)
+        if status or not paths:
+            return status
+    try:
+        plans = [load_plan(path) for path in paths]
+    except (OSError, PlanFormatError) as error:  # a missing or malformed file: one line, not a traceback
+        reason = f"{error.filename}: {error.strerror}" if isinstance(error, OSError) else str(error)
+        print(f"python -m eqsat compare: error: {reason}", file=sys.stderr)
+        return 2
+    twice = sorted({path for path in paths if paths.count(path) > 1})
+    if twice:
+        print(f"python -m eqsat compare: error: {', '.join(twice)} given twice", file=sys.stderr)
+        return 2
+    compare(*plans, labels=paths)
+    if args.html:
+        if len(plans) != 2:
+            print("python -m eqsat compare: error: --html draws two plans against each other", file=sys.stderr)
+            return 2
+        from eqsat.tools.html_report import to_html
+
+        print(f"wrote {to_html(plans[0], args.html, versus=plans[1], labels=tuple(paths))}")
+    return 0
+
+
+def compare_censuses(paths: list[str]) -> int:
+    """Print one census, or two side by side (`python -m eqsat profile --json` saves them); 2 for more."""
+    from eqsat.census import echo, load_census, side_by_side
+
+    found = [load_census(path) for path in paths]
+    if len(found) > 2:
+        print("python -m eqsat compare: error: censuses are compared two at a time", file=sys.stderr)
+        return 2
+    echo(found[0] if len(found) == 1 else side_by_side(found[0], found[1], (paths[0], paths[1])))
+    return 0
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    from eqsat.tools.calibrate import calibrate, summary
+
+    print(summary(calibrate(args.seconds, args.out)))
+    return 0
+
+
+def rules_check(args: argparse.Namespace) -> int:
+    from eqsat.tools.verify import run_check
+
+    try:
+        return run_check(args.files, examples=args.examples, leads=args.lead)
+    except ValueError as error:
+        print(f"python -m eqsat rules check: error: {error}", file=sys.stderr)
+        return 2
+
+
+def fuzz(args: argparse.Namespace) -> int:
+    from eqsat.tools.fuzz import FAILURES, Outcome
+    from eqsat.tools.fuzz import fuzz as run_fuzz
+
+    done = [0]
+
+    def report(outcome: Outcome) -> None:
+        if outcome.status in FAILURES:
+            print(f"{outcome.status} in case {outcome.case.index}: {outcome.detail[:200]}", flush=True)
+        done[0] += 1
+        if args.progress and done[0] % args.every == 0:
+            print(f"{done[0]} cases, {time.strftime('%H:%M:%S')}", flush=True)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    os.environ.setdefault("EQSAT_PLAN_STORE", "off")  # thousands of one-off programs: none is worth keeping
+    signal.signal(signal.SIGTERM, stop)  # a long run stopped with kill still prints the summary of what ran
+    summary = run_fuzz(args.n, args.seed, args.only, progress=report, jobs=args.jobs)
+    print(summary.table())
+    return 1 if summary.failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eqsat", description="Equality-saturation optimizer for JAX.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_optimize_command(commands)
+    add_tune_command(commands)
+    add_profile_command(commands)
+    p = _command(
+        commands,
+        "demo",
+        "optimize the bundled examples and measure them against jax.jit",
+        "python -m eqsat demo                     # every example, planned for the cpu and measured\n"
+        "python -m eqsat demo --model matmul_chain --model conv_bn --scale small --seconds 1",
+    )
+    p.add_argument("--model", action="append", help="example to run (repeatable); default: all")
+    p.add_argument("--scale", default="full", choices=["full", "small"], help="problem size")
+    p.add_argument("--target", default="cpu", help="device profile to plan for")
+    p.add_argument("--seconds", type=number(float, 0, above=True), default=3.0, help="timing budget per example")
+    p.set_defaults(run=demo)
+    p = _command(
+        commands,
+        "compare",
+        "print saved plans (JSON from extract.report.save_plan) or censuses (profile --json) side by side",
+        "python -m eqsat compare bert_cpu.json bert_h100.json   # costs, kernels, rules, regions that differ\n"
+        "python -m eqsat compare bert_cpu.json bert_h100.json --html cpu_vs_h100.html\n"
+        "python -m eqsat compare mine.census.json theirs.census.json   # two censuses, kernel class by class",
+    )
+    p.add_argument("plans", nargs="+", help="plan JSON files, and up to two census JSON files")
+    p.add_argument("--html", metavar="OUT.html", help="also write a report of two plans, region by region")
+    p.set_defaults(run=compare_plans)
+    p = _command(
+        commands,
+        "calibrate",
+        "measure this machine and write a calibrated cpu profile to the cache",
+        "python -m eqsat calibrate                # about a minute; target 'cpu' then plans with it\n"
+        "python -m eqsat calibrate --seconds 20 --out my_cpu.json",
+    )
+    p.add_argument(
+        "--seconds", type=number(float, 0, above=True), default=60.0, help="timing budget (compilation comes on top)"
+    )
+    p.add_argument("--out", help="profile JSON to write (default: the user cache, where target 'cpu' finds it)")
+    p.set_defaults(run=calibrate)
+    rules_examples = (
+        "python -m eqsat rules check              # the built-in rules on random programs (about 90 s)\n"
+        "python -m eqsat rules check my_rules.egg --examples 100\n"
+        "python -m eqsat rules check --lead Conv --lead chain"
+    )
+    p = _command(commands, "rules", "rule tools", rules_examples)
+    p_rules = p.add_subparsers(dest="action", required=True)
+    p = _command(p_rules, "check", "verify the built-in rules plus FILEs on random programs", rules_examples)
+    p.add_argument("files", nargs="*", metavar="FILE", help="rule files checked together with the built-in groups")
+    p.add_argument("--examples", type=number(int, 1), default=400, help="random programs to saturate and check")
+    p.add_argument(
+        "--lead", action="append", metavar="ENTRY", help="programs led by this generator entry only (repeatable; an op "
+        "name such as Conv, or a rule pattern such as chain); default: every entry"
+    )  # fmt: skip
+    p.set_defaults(run=rules_check)
+    p = _command(
+        commands,
+        "fuzz",
+        "random programs through optimize under random transformations, against jax.jit",
+        "python -m eqsat fuzz --n 1000 --seed 7 --jobs 2   # mismatches and crashes as they come, then a summary\n"
+        "python -m eqsat fuzz --seed 7 --only 123          # re-run case 123 of seed 7",
+    )
+    p.add_argument("--n", type=number(int, 1), default=200, help="cases to run")
+    p.add_argument(
+        "--seed", type=number(int, 0), default=0, help="seed: case I of seed S is the same program everywhere"
+    )
+    p.add_argument("--only", type=number(int, 0), help="run only case ONLY of the seed (to reproduce a failure)")
+    p.add_argument("--jobs", type=number(int, 1), default=1, help="worker processes the cases are spread over")
+    p.add_argument("--every", type=number(int, 1), default=100, help="print a progress line every EVERY cases")
+    p.set_defaults(run=fuzz)
+    for p in (parser, *commands.choices.values(), *p_rules.choices.values()):
+        add_common_flags(p)
+    parser.set_defaults(verbose=0, progress=True)
+    args = parser.parse_args(argv)
+    configure_logging(args.verbose)
+    return args.run(args)
+
+
+def _command(commands: Any, name: str, help: str, examples: str) -> argparse.ArgumentParser:
+    """A command with its help line as description and its examples below the flags."""
+    indented = "\n".join("  " + line for line in examples.splitlines())
+    return commands.add_parser(
+        name,
+        help=help,
+        description=help[0].upper() + help[1:] + ".",
+        epilog=f"examples:\n{indented}\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
