@@ -584,7 +584,6 @@ OPS: dict[str, OpSpec] = {
             lambda attrs, a: lax.convert_element_type(a, np.dtype(attrs[0])),
             (_UNARY,),
             dtype_rule="(rule ((= e (Convert k0 a))) ((set (dtype e) k0)))",
-            example_attrs=lambda _shape: [("float32",), ("bfloat16",), ("float16",)],
         ),
         # swap the last two axes
         OpSpec(
