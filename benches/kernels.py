@@ -35,6 +35,7 @@ import eqsat
 from benches.models import nasnet_a
 from benches.real_models import _keras_app
 from eqsat.measure import compare
+from eqsat.tolerance import ulps
 from eqsat.versus import against_jit
 from eqsat.workload import Workload
 
@@ -270,13 +271,8 @@ def _narrow_ulps(work: Workload, fast: Callable[..., Any]) -> tuple[float, float
     if not all(a.dtype in (jnp.bfloat16, jnp.float16) for a in out):
         return None
     wide = jax.tree.map(lambda a: a.astype(jnp.float32) if a.dtype in (jnp.bfloat16, jnp.float16) else a, work.args)
-    ulps = []
-    for got, ref in zip(out, jax.tree.leaves(jax.jit(work.fn)(*wide)), strict=True):
-        finfo = jnp.finfo(got.dtype)
-        ref = np.asarray(ref, np.float64)
-        ulp = float(finfo.eps) * np.exp2(np.floor(np.log2(np.maximum(np.abs(ref), float(finfo.tiny)))))
-        ulps.append((np.abs(np.asarray(got, np.float64) - ref) / ulp).ravel())
-    every = np.concatenate(ulps)
+    references = jax.tree.leaves(jax.jit(work.fn)(*wide))
+    every = np.concatenate([ulps(got, ref, got.dtype).ravel() for got, ref in zip(out, references, strict=True)])
     return float(every.max()), float(np.mean(every <= 2))
 
 

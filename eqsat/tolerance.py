@@ -172,17 +172,24 @@ def narrow_less_accurate(
     return None
 
 
+def ulps(values: Any, reference: Any, dtype: Any) -> np.ndarray:
+    """Each element's distance from the reference in units of dtype's last place at the reference's value."""
+    finfo = jnp.finfo(dtype)
+    exact = np.asarray(reference, np.float64)
+    ulp = float(finfo.eps) * np.exp2(np.floor(np.log2(np.maximum(np.abs(exact), float(finfo.tiny)))))
+    return np.abs(np.asarray(values, np.float64) - exact) / ulp
+
+
 def _narrow_problem(k: int, want: np.ndarray, have: np.ndarray, exact: np.ndarray) -> str | None:
-    finfo = jnp.finfo(want.dtype)
     w, h = want.astype(np.float64), have.astype(np.float64)
     finite = np.isfinite(exact) & np.isfinite(w) & np.isfinite(h)  # inf and NaN: differs judged them
     exact, w, h = exact[finite], w[finite], h[finite]
-    ulp = float(finfo.eps) * np.exp2(np.floor(np.log2(np.maximum(np.abs(exact), float(finfo.tiny)))))
-    excess = np.abs(h - exact) - np.abs(w - exact) - NARROW_ULPS * ulp
-    worse, undetermined = int(np.sum(excess > 0)), int(np.sum(np.abs(w - exact) > NARROW_ULPS * ulp))
+    plan, own = ulps(h, exact, want.dtype), ulps(w, exact, want.dtype)
+    excess = plan - own - NARROW_ULPS
+    worse, undetermined = int(np.sum(excess > 0)), int(np.sum(own > NARROW_ULPS))
     if worse <= undetermined:
         return None
-    i = int(np.argmax(excess / ulp))
+    i = int(np.argmax(excess))
     return (
         f"result {k}: {worse} of {exact.size} elements less accurate than the original by more than "
         f"{NARROW_ULPS:g} units of {want.dtype.name}'s last place (the original is that far from the float32 "

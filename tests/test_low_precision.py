@@ -10,7 +10,7 @@ import pytest
 
 import eqsat
 from eqsat.backends.lower import lower
-from eqsat.tolerance import NARROW_ULPS, narrow_less_accurate
+from eqsat.tolerance import NARROW_ULPS, narrow_less_accurate, ulps
 
 
 def _chain(x):
@@ -27,11 +27,7 @@ def _normal(dtype, *shape):
 
 
 def _ulps(got, reference):
-    """Each element's distance from the float32 reference in units of its narrow type's last place there."""
-    finfo = jnp.finfo(got.dtype)
-    ref = np.asarray(reference, np.float64)
-    ulp = float(finfo.eps) * np.exp2(np.floor(np.log2(np.maximum(np.abs(ref), float(finfo.tiny)))))
-    return np.abs(np.asarray(got, np.float64) - ref) / ulp
+    return ulps(got, reference, got.dtype)
 
 
 def _converts(plan, *args):
