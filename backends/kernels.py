@@ -91,7 +91,7 @@ def _conv_taps(a: "ConvAttrs", x: Any, kernel: Shape) -> Iterator[tuple[tuple[in
 def shifted_conv(a: "ConvAttrs", x: Any, w: Any) -> Any:
     """A depthwise convolution (one input channel per group) of any rank as a sum of shifted, strided slices of the
     padded input times weight rows: XLA fuses it into one loop, where XLA:CPU's depthwise kernel runs one to three
-    orders of magnitude below roofline (DESIGN.md §2b, §2c)."""
+    orders of magnitude below roofline (docs/kernel-gaps.md)."""
     *kernel, _, out_channels = w.shape
     xa = accumulating(repeated_channels(x, out_channels))
     total = None
@@ -183,7 +183,7 @@ def pool_init(fn: str, dtype: Any) -> Any:
 
 def sliced_pool(fn: str) -> Callable[..., Any]:
     """The same window reduction, of any rank, as a max / sum over one strided slice of the padded input per window
-    offset: XLA fuses it into one loop, where XLA:CPU's reduce_window runs 2-5x slower (DESIGN.md §2b)."""
+    offset: XLA fuses it into one loop, where XLA:CPU's reduce_window runs 2-5x slower (docs/kernel-gaps.md)."""
 
     def lower(a: "PoolAttrs", x: Any) -> Any:
         xp = lax.pad(x, pool_init(fn, x.dtype), [(lo, hi, 0) for lo, hi in zip(a.pad_low, a.pad_high, strict=True)])

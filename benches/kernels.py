@@ -3,7 +3,7 @@
 
     python -m benches.kernels                       # all cases (the keras ones need `pip install -e .[models]`)
     python -m benches.kernels --only onehot,MobileNetV2 --markdown rows.md
-    python -m benches.kernels --only maxpool,sumpool,grouped56,grouped7,tinybatch   # DESIGN.md §2b's single ops
+    python -m benches.kernels --only maxpool,sumpool,grouped56,grouped7,tinybatch   # docs/kernel-gaps.md's single ops
     python -m benches.kernels --only transposed_gemv   # x @ W.T with W a declared parameter, timed prepared
     python -m benches.kernels --only argmax   # argmax over the last axis of 64x32000 (a vocabulary's logits)
     python -m benches.kernels --only conv1d,conv3d,mamba_mixer,volumetric_cnn   # issue 26: convs of every rank
@@ -71,7 +71,7 @@ def _normal(*shape: int) -> jax.Array:
 
 
 def _pool(kind: str) -> Workload:
-    """DESIGN.md §2b's pools: max 3x3 stride 2 and sum 3x3 stride 1 over 2x112x112x64, padding 1."""
+    """docs/kernel-gaps.md's pools: max 3x3 stride 2 and sum 3x3 stride 1 over 2x112x112x64, padding 1."""
     init, fn, stride = (-jnp.inf, jax.lax.max, 2) if kind == "max" else (0.0, jax.lax.add, 1)
     pad = ((0, 0), (1, 1), (1, 1), (0, 0))
     return Workload(
@@ -82,7 +82,7 @@ def _pool(kind: str) -> Workload:
 
 
 def _grouped(size: int, channels: int) -> Workload:
-    """DESIGN.md §2b's grouped convs: 3x3, 32 groups, 1 x size x size x channels."""
+    """docs/kernel-gaps.md's grouped convs: 3x3, 32 groups, 1 x size x size x channels."""
     dims = ("NHWC", "HWIO", "NHWC")
     return Workload(
         f"grouped{size}",
@@ -276,7 +276,7 @@ def _narrow_ulps(work: Workload, fast: Callable[..., Any]) -> tuple[float, float
     return float(every.max()), float(np.mean(every <= 2))
 
 
-SMALL = {  # DESIGN.md §2b's single ops
+SMALL = {  # docs/kernel-gaps.md's single ops
     "maxpool": lambda: _pool("max"),
     "sumpool": lambda: _pool("sum"),
     "grouped56": lambda: _grouped(56, 128),

@@ -16,7 +16,6 @@ for `.lower`, `.plan` and `prepare`, the plan is waited for: what they trace is 
 
 import contextlib
 import copy
-import dataclasses
 import functools
 import inspect
 import logging
@@ -50,7 +49,8 @@ from eqsat.extract.plan import Plan
 from eqsat.ir import Role
 from eqsat.options import Options, checked, checked_option, resolve
 from eqsat.plan_cache import Handoff, PerThread, SharedPlans, shared_plans
-from eqsat.planning import Captured, Entry, Planner
+from eqsat.plan_life import Entry, Event, State, Verdict
+from eqsat.planning import Captured, Planner
 from eqsat.saturate import Limits
 from eqsat.sharding import partitioned
 from eqsat.signature import Signature, aval_key, concrete, examples, merge_params, signature_of, threads_share
@@ -249,6 +249,9 @@ class Optimized:
         if entry in self._unvalidated:
             self._unvalidated.remove(entry)
         self._validate(entry, flat, measure=False)  # what runs is the plan with its weights prepared: timed below
+        with entry.lock:
+            if entry.state is State.VALIDATED and self.options.limits.guard_seconds <= 0:
+                entry.move(Event.KEPT)
         original = jax.jit(self.fun, static_argnums=self.options.static_argnums)
 
         def unchanged(rest_args: tuple, _leaves: list[Any]) -> Any:
@@ -268,12 +271,13 @@ class Optimized:
             original_flat, n = _inlined(entry.original), len(flat)
             body = overflow_guarded(body, lambda *args: original_flat(*args[:n]), len(watch))
         run = jax.jit(lambda p, r, w: body(*ordered(p, r), *w))
-        if self.options.limits.guard_seconds > 0:
-            leaves = [x for x, param in zip(flat, is_param, strict=True) if not param]
-            with entry.lock:
+        leaves = [x for x, param in zip(flat, is_param, strict=True) if not param]
+        with entry.lock:
+            if entry.state is State.VALIDATED:
                 optimized, plain = lambda: run(params_flat, leaves, weights), lambda: entry.original(*flat)
-                if not validate.timed(self._planner, entry, optimized, plain):
-                    return unchanged
+                entry.apply(validate.timed(self._planner, entry, optimized, plain))
+        if entry.call is entry.original:
+            return unchanged
         return lambda _rest, leaves: jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, weights))
 
     def _switch_dispatch(self) -> None:
@@ -350,7 +354,10 @@ class Optimized:
         if self._unbudgeted:
             entries, self._unbudgeted = self._unbudgeted, []
             compiled = self._dispatch.run.lower(*args, **kwargs).compile()
-            if check_budget(self._planner, entries, compiled, args, kwargs):
+            refitted = check_budget(self._planner, entries, compiled, args, kwargs)
+            for entry, verdict in refitted:
+                entry.apply(verdict)
+            if refitted:
                 self._dispatch.reset()
         pending, self._unvalidated = self._unvalidated, []
         flat, signature = self._signature(args, kwargs)
@@ -502,15 +509,18 @@ class Optimized:
         try:
             return pending.job.result()
         except background.Stopped:
-            return dataclasses.replace(pending, job=None)
+            return _unplanned(pending)
         except EqsatError as error:
             if not tiered:
                 raise
             warnings.warn(f"{error}; running the original instead", EqsatWarning, stacklevel=2)
-            return dataclasses.replace(pending, job=None)
+            return _unplanned(pending)
 
     def _install(self, key: tuple, entry: Entry) -> Entry:
         """A new entry in the cache; one not validated yet is settled by the calls that may run it."""
+        replaced = self._cache.get(key)
+        if replaced is not None and replaced is not entry and replaced.state is State.BUILDING:
+            replaced.move(Event.LANDED)
         if not entry.validated:
             self._plans.unchecked.add(id(entry))
             self._plans.builds += 1
@@ -543,26 +553,38 @@ class Optimized:
         Returns whether the plan's results were wrong (here, or in the thread that validated it): a call that
         ran it runs again."""
         with entry.lock:
-            if not entry.validated:
+            before = entry.state
+            if entry.state is State.BUILT:
                 with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
                     flat = examples(entry.signature) if flat is None else flat
-                validate.compare(self._planner, entry, flat, got)
+                entry.apply(validate.compare(self._planner, entry, flat, got))
                 ran = None if entry.mismatched else ran  # what the call ran does not run any more
-                sharded = not entry.mismatched and partitioned(flat, entry.plan.graph)
-                if sharded and validate.keep_collectives(self._planner, entry, flat):
-                    self._dispatch.reset()
-                if measure and self.options.limits.guard_seconds > 0 and entry.call is not entry.original:
-                    original, optimized = validate.compiled_original(entry), entry.call
-                    plan_call = ran or (lambda: optimized(*flat))
-                    # both ran on flat: the original in the comparison, the plan there or in the call
-                    warm = ran is not None or got is None
-                    if not validate.timed(self._planner, entry, plan_call, lambda: original(*flat), warm):
-                        entry.call = entry.original
-                if entry.call is entry.original and entry.traced:  # before the plan counts
-                    self._dispatch.reset()  # as validated: no call finds its trace
-                entry.validated, entry.reference = True, None  # the reference: an executable of its own, not kept
+                if entry.state is State.VALIDATED and partitioned(flat, entry.plan.graph):
+                    verdict = validate.keep_collectives(self._planner, entry, flat)
+                    if verdict is not None:
+                        entry.apply(verdict)
+                        self._dispatch.reset()
+            if measure and entry.state is State.VALIDATED:
+                entry.apply(self._timed(entry, flat, got, ran))
+            if entry.state is not before:
+                if entry.call is entry.original and entry.traced:  # before the plan counts as validated: no
+                    self._dispatch.reset()  # call finds its trace
+                entry.reference = None  # an executable of its own, not kept
                 self._plans.unchecked.discard(id(entry))
         return entry.mismatched
+
+    def _timed(
+        self, entry: Entry, flat: list[Any] | None, got: list[Any] | None, ran: Callable[[], Any] | None
+    ) -> Verdict:
+        """The guard's verdict on a validated plan: kept where it is not timed (Limits.guard_seconds 0)."""
+        if self.options.limits.guard_seconds <= 0:
+            return Verdict((Event.KEPT,))
+        with jax.ensure_compile_time_eval():
+            flat = examples(entry.signature) if flat is None else flat
+        original, optimized = validate.compiled_original(entry), entry.call
+        plan_call = ran or (lambda: optimized(*flat))
+        warm = ran is not None or got is None  # both ran on flat: the original in the comparison, the plan there
+        return validate.timed(self._planner, entry, plan_call, lambda: original(*flat), warm)  # or in the call
 
 
 _JITTED = type(jax.jit(lambda: None))
@@ -599,6 +621,11 @@ def _failed(plans: "weakref.ref[SharedPlans]", job: Future) -> None:
     failed = job.exception() is not None and not isinstance(job.exception(), background.Stopped)
     if failed and (found := plans()) is not None:
         found.land()
+
+
+def _unplanned(pending: Entry) -> Entry:
+    """In a pending entry's place, where its background job failed or stopped: the original, from its program."""
+    return Entry(pending.signature, pending.plan, pending.original, pending.out_tree).move(Event.UNPLANNED)
 
 
 def _takes_job(entry: Entry, tiered: bool) -> bool:

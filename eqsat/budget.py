@@ -9,15 +9,18 @@ import jax
 
 from eqsat.backends.memory import figure_of, fit_budget, memory_report
 from eqsat.errors import EqsatWarning
-from eqsat.planning import Entry, Planner
+from eqsat.plan_life import Entry, Event, Verdict
+from eqsat.planning import Planner
 
 
-def check_budget(planner: Planner, entries: list[Entry], compiled: Any, args: tuple, kwargs: dict[str, Any]) -> bool:
+def check_budget(
+    planner: Planner, entries: list[Entry], compiled: Any, args: tuple, kwargs: dict[str, Any]
+) -> list[tuple[Entry, Verdict]]:
     """Record XLA's figure of the program just compiled (`compiled`, jax's Compiled) in each entry's plan; warn
-    where it is over budget, or rematerialize. Returns whether what an entry runs changed."""
+    where it is over budget, or rematerialize. Returns the entries refitted, each with its verdict."""
     options, fun = planner.options, planner.fun
     figure = figure_of(compiled)
-    changed = False
+    refitted = []
     for entry in entries:
         entry.plan.memory = memory_report(entry.plan)
         entry.plan.memory.xla = figure
@@ -26,8 +29,9 @@ def check_budget(planner: Planner, entries: list[Entry], compiled: Any, args: tu
         if options.donate_argnums or options.donate_argnames:
             entry.plan.memory.applied.append(f"donated arguments {options.donate_argnums}")
         if options.memory_budget is not None and figure["total"] > options.memory_budget:
-            if not kwargs and rematerialize(planner, entry, args):
-                changed = True
+            runs = None if kwargs else rematerialize(planner, entry, args)
+            if runs is not None:
+                refitted.append((entry, Verdict((Event.REFITTED,), runs=runs)))
                 continue
             warnings.warn(
                 f"eqsat: {getattr(fun, '__name__', 'the function')} needs {figure['total']} bytes by XLA's measure, "
@@ -36,22 +40,21 @@ def check_budget(planner: Planner, entries: list[Entry], compiled: Any, args: tu
                 EqsatWarning,
                 stacklevel=5,
             )
-    return changed
+    return refitted
 
 
-def rematerialize(planner: Planner, entry: Entry, call_args: tuple) -> bool:
-    """For a gradient of a loss (jax.grad keeps the loss as __wrapped__): run the loss as rematerialized segments
-    and use that program if it fits and matches. The loss is planned with the gradient's options."""
+def rematerialize(planner: Planner, entry: Entry, call_args: tuple) -> Callable[..., list[Any]] | None:
+    """For a gradient of a loss (jax.grad keeps the loss as __wrapped__): the program that runs the loss as
+    rematerialized segments, where it fits. The loss is planned with the gradient's options."""
     fun, options = planner.fun, planner.options
     loss: Callable[..., Any] | None = getattr(fun, "__wrapped__", None)
     if loss is None or options.static_argnums:
-        return False
+        return None
     loss_plan = Planner(loss, options, {}).plan(call_args)
     fitted, report = fit_budget(fun, call_args, options.memory_budget, loss=loss, loss_plan=loss_plan)
     if not report.fits:
-        return False
+        return None
     tree = jax.tree_util.tree_structure(list(call_args))
-    entry.call = lambda *flat: jax.tree_util.tree_leaves(fitted(*jax.tree_util.tree_unflatten(tree, flat)))
     entry.plan.memory.xla = report.achieved
     entry.plan.memory.applied.append(report.mechanism)
-    return True
+    return lambda *flat: jax.tree_util.tree_leaves(fitted(*jax.tree_util.tree_unflatten(tree, flat)))

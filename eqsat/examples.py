@@ -1,4 +1,4 @@
-"""Small workloads with a known win (../shared/DESIGN.md §2, the issues' acceptance cases): what the demo and the
+"""Small workloads with a known win (docs/kernel-gaps.md, the issues' acceptance cases): what the demo and the
 acceptance script run; they ship with the package so that the installed demo runs without the repository.
 nasrnn_cell, inception_siblings and conv_bn ignore `scale`: their shapes are the published ones."""
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eqsat.lru import LRU
+from eqsat.plan_life import Event
 
 
 @dataclass(eq=False)
@@ -43,6 +44,13 @@ class SharedPlans:
             self.epoch += 1
 
     def clear(self) -> None:
+        for entry in list(self.entries.values()):
+            # one being compared (its lock held) or not compared yet stays as it is: a call holding it settles it
+            if entry.validated and entry.lock.acquire(blocking=False):
+                try:
+                    entry.move(Event.CLEARED)
+                finally:
+                    entry.lock.release()
         self.epoch += 1
         self.entries.clear()
         self.saturated.clear()

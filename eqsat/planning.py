@@ -9,12 +9,11 @@ abstract values, so a plan can be built under any transformation of the caller.
 import functools
 import logging
 import operator
-import threading
 import time
 import warnings
 from collections.abc import Callable, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -31,6 +30,7 @@ from eqsat.extract.plan import Plan, build_plan
 from eqsat.extract.timing import attached, priced
 from eqsat.ir import Graph, Opaque
 from eqsat.options import Options
+from eqsat.plan_life import Entry, Event
 from eqsat.rule_sources import RuleSource, real_rules
 from eqsat.saturate import Snapshot, StopReason, saturate
 from eqsat.sharding import body_tracing
@@ -39,29 +39,6 @@ from eqsat.signature import Signature, examples, flat_function, inputs_of, signa
 log = logging.getLogger("eqsat")
 
 _SUBPROGRAM_PARAMS = ("jaxpr", "cond_jaxpr", "body_jaxpr")  # sub-programs of scan, while, remat (cond: branches)
-
-
-@dataclass(eq=False)
-class Entry:
-    """One signature's plan and what runs: the optimized program, or the original."""
-
-    signature: Signature
-    plan: Plan
-    call: Callable[..., list[Any]]  # flat args -> flat results: the optimized program, or the original
-    original: Callable[..., list[Any]]  # the original, jitted, as the reference and the fallback
-    out_tree: Any
-    validated: bool
-    prepared: bool = False  # extracted for `prepare`: weight-only work priced as done once
-    # the original compiled for validation in the background while the caller's jax.jit compiles the plan
-    reference: Future | None = None
-    key: str | None = None  # where the plan is kept across processes (eqsat/plan_store.py)
-    lock: threading.Lock = field(default_factory=threading.Lock)  # held while validating: once, by one thread
-    # validation found the results of a plan that may have run wrong: the original, or a plan made afresh, runs
-    mismatched: bool = False
-    # the plan being built in the background (eqsat/background.py): until it is ready this entry runs the original
-    job: Future | None = None
-    traced: bool = False  # a dispatch's trace runs it, so a call may have
-    captured: "Captured | None" = None  # the program its background job plans (the job holds it weakly)
 
 
 @dataclass(frozen=True)
@@ -137,7 +114,7 @@ class Planner:
             stored = self._stored(key, closed, signature) if key else None
             if stored is not None:
                 stored.stats.update(stored=1.0, load_s=time.perf_counter() - t0)
-                return self._entry_of(signature, stored, flat_fun, out_tree, closed, prepared, key)
+                return self._entry_of(signature, stored, flat_fun, out_tree, closed, prepared, key, Event.LOADED)
             if signature not in self.saturated:
                 graph = self._graph(closed, signature)
                 t1 = time.perf_counter()
@@ -255,7 +232,7 @@ class Planner:
         log.info("eqsat: %s; the original runs", why)
         profile = self.options.profile.name
         plan = Plan(profile, [], [], [], Cost(), Cost(), StopReason.NOT_PLANNED, fallback=why)
-        return Entry(signature, plan, call, call, out_tree, validated=True, job=job)
+        return Entry(signature, plan, call, out_tree, job=job).move(Event.PENDING if job else Event.UNPLANNED)
 
     def pending_entry(self, signature: Signature, captured: Captured, job: Future) -> Entry:
         """The entry of a signature whose plan `job` builds: the original, from the captured jaxpr."""
@@ -315,7 +292,8 @@ class Planner:
                 )  # fmt: skip
         if key:
             plan_store.save(key, plan, options.profile, repeats.snapshots(done.snapshot))
-        return self._entry_of(signature, plan, done.flat_fun, done.out_tree, done.closed, prepared, key, original)
+        flat_fun, out_tree, closed = done.flat_fun, done.out_tree, done.closed
+        return self._entry_of(signature, plan, flat_fun, out_tree, closed, prepared, key, Event.PLANNED, original)
 
     def _entry_of(
         self,
@@ -326,16 +304,20 @@ class Planner:
         closed: jcore.ClosedJaxpr,
         prepared: bool,
         key: str | None,
+        origin: Event,
         original: Callable[..., list[Any]] | None = None,
     ) -> Entry:
-        """The entry that runs a plan (extracted now or kept from another process), validated on first use."""
+        """The entry that runs a plan (`origin`: planned now, and then stored where a key is given; or loaded:
+        kept from another process), validated on first use."""
         original = original or _original(closed)
+        stored = [Event.STORED] if key and origin is Event.PLANNED else []
         if self.nothing_to_gain(plan) or plan.fallback:  # run the original program exactly as jax.jit would
-            return Entry(signature, plan, original, original, out_tree, validated=True, key=key)
-        validated = not self.options.validate  # a plan kept from another process too: each process validates
-        reference = None if validated else _COMPILER.submit(_compiled_reference, closed)
+            return Entry(signature, plan, original, out_tree, key=key).move(Event.UNPLANNED, *stored)
+        checked = self.options.validate  # a plan kept from another process too: each process validates
+        reference = _COMPILER.submit(_compiled_reference, closed) if checked else None
         call = self.runner(plan, flat_fun, closed)
-        return Entry(signature, plan, call, original, out_tree, validated, prepared, reference, key)
+        entry = Entry(signature, plan, original, out_tree, call, prepared, reference, key)
+        return entry.move(origin, *stored, *([] if checked else [Event.TRUSTED]))
 
     def _optimize_bodies(self, graph: Graph) -> None:
         """Optimize the bodies of scan, while, cond, remat and shard_map calls as programs of their own, in place;

@@ -2,8 +2,9 @@
 to blame, and the original runs), its collectives against jax.jit's on sharded arguments, and its time against the
 original's (Limits.guard_seconds).
 
-Each check changes only the entry (what runs, and what its plan records); the wrapper (eqsat/api.py) decides when
-to run them and rebuilds its dispatch where what runs changed.
+Each check records what it found in the plan and returns a verdict (eqsat/plan_life.py): the transitions of the
+entry's life, which the wrapper (eqsat/api.py) applies; it decides when to run them and rebuilds its dispatch
+where what runs changed.
 """
 
 import logging
@@ -18,7 +19,8 @@ from eqsat import guard, plan_store, progress, rule_sources
 from eqsat.backends.lower import lower
 from eqsat.egraph_check import check_egraph
 from eqsat.errors import EqsatWarning
-from eqsat.planning import Entry, Planner
+from eqsat.plan_life import Entry, Event, Verdict
+from eqsat.planning import Planner
 from eqsat.sharding import added_collectives
 from eqsat.signature import flat_function
 from eqsat.tolerance import beyond_conditioning, comparable, differs, less_accurate, narrow_less_accurate
@@ -26,9 +28,9 @@ from eqsat.tolerance import beyond_conditioning, comparable, differs, less_accur
 log = logging.getLogger("eqsat")
 
 
-def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | None) -> None:
+def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | None) -> Verdict:
     """Compare the plan's results on flat (`got`, where the caller has them) with the original's; on a mismatch
-    find the rules involved, warn, and run the original."""
+    find the rules involved and warn: the original runs."""
     progress.begin("validate", "validate: compile and compare with the original")
     with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
         expected = comparable(_reference_results(entry, flat))
@@ -45,15 +47,14 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
             source = jax.jit(flat_function(planner.fun, entry.signature)[0])
             wrong = narrow_less_accurate(source, flat, expected, got)
     if wrong is None:
-        return
+        return Verdict((Event.VALIDATED,))
     k, problem = wrong
     stored = [entry.key] if entry.key and entry.plan.stats.get("stored") else []
     stored += entry.plan.graph.stored_bodies if entry.plan.graph is not None else []
     if stored:  # a kept plan (or body plan) changed since it was validated, or wrong on these values: planned again
         for key in stored:
             plan_store.set_aside(key, f"gave results that differ from the original's ({problem})")
-        _plan_again(planner, entry, flat)
-        return
+        return _plan_again(planner, entry, flat)
     progress.begin("validate", "validate: finding the rules the mismatch depends on")
     with jax.ensure_compile_time_eval():
         entry.plan.blamed, exact = blame(planner, entry, flat, k, expected[k])
@@ -61,29 +62,32 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
     suspects = ", ".join(f"{name} ({where[name]})" if name in where else name for name in entry.plan.blamed)
     suspects = (suspects or "none found") + ("" if exact else " (narrowing stopped by its time budget)")
     entry.plan.fallback = f"optimized result differed from the original ({problem}); rules involved: {suspects}"
+    events = (Event.MISMATCHED,)
     if entry.key:  # a later process runs the original at once
         plan_store.save(entry.key, entry.plan, planner.options.profile)
+        events += (Event.STORED,)
     warnings.warn(
         f"eqsat: the optimized {planner.name} differed from the original ({problem}); running the original "
         f"instead. Rules involved: {suspects}.",
         EqsatWarning,
         stacklevel=5,
     )
-    entry.call, entry.mismatched = entry.original, True
+    return Verdict(events)
 
 
-def _plan_again(planner: Planner, entry: Entry, flat: list[Any]) -> None:
-    """The entry planned afresh, its stored plans set aside, and validated on flat; marked mismatched, so that a
-    call that ran the stored plan runs again."""
+def _plan_again(planner: Planner, entry: Entry, flat: list[Any]) -> Verdict:
+    """The entry planned afresh (its stored plans set aside) and compared on flat: replanned, or mismatched where
+    the fresh plan runs the original; either way a call that ran the stored plan runs again."""
     planner.saturated.pop(entry.signature, None)  # its graph holds the stored body plans
     with jax.core.eval_context():
         fresh = planner.build(entry.signature, entry.prepared)
-    entry.plan, entry.call = fresh.plan, entry.original if fresh.call is fresh.original else fresh.call
     if fresh.reference is not None:  # the entry's own reference compiles the same original
         fresh.reference.cancel()
-    if not fresh.validated:
-        compare(planner, entry, flat, None)
-    entry.mismatched = True
+    if fresh.call is fresh.original:
+        return Verdict((Event.MISMATCHED,), fresh.plan)
+    stored = (Event.STORED,) if Event.STORED in fresh.history else ()
+    replanned = Verdict((Event.REPLANNED, *stored), fresh.plan, fresh.runs)
+    return replanned.then(compare(planner, fresh, flat, None)) if not fresh.validated else replanned
 
 
 def blame(planner: Planner, entry: Entry, flat: list[Any], k: int, want: Any) -> tuple[list[str], bool]:
@@ -134,11 +138,11 @@ def blame(planner: Planner, entry: Entry, flat: list[Any], k: int, want: Any) ->
     return wrong or suspects, time.perf_counter() < deadline
 
 
-def keep_collectives(planner: Planner, entry: Entry, flat: list[Any]) -> bool:
+def keep_collectives(planner: Planner, entry: Entry, flat: list[Any]) -> Verdict | None:
     """Where the plan, compiled for these arguments' shardings, has a collective more than jax.jit's program
     (a merge along a sharded axis), it is extracted again without new concatenations (no merge is made, the
     other rewrites stay); if that one adds collectives too, the original runs: sharded programs keep their
-    communication. Returns whether what runs changed."""
+    communication. None where nothing changes."""
     with jax.ensure_compile_time_eval():
         added = added_collectives(entry.call, entry.original, flat)
         done = planner.saturated.get(entry.signature)
@@ -149,23 +153,21 @@ def keep_collectives(planner: Planner, entry: Entry, flat: list[Any]) -> bool:
                 if not added_collectives(call, entry.original, flat):
                     unmerged.stats.update({k: v for k, v in entry.plan.stats.items() if k not in unmerged.stats})
                     unmerged.extraction.refused = _collectives_text(added) + " (merges not made)"
-                    entry.plan, entry.call = unmerged, call
-                    return True
+                    return Verdict((Event.UNMERGED,), unmerged, call)
     if not added:
-        return False
-    entry.call = entry.original
+        return None
     more = _collectives_text(added)
     entry.plan.fallback = f"the plan adds collectives that jax.jit's program lacks ({more}): the original runs"
     log.info("eqsat: %s: %s", planner.name, entry.plan.fallback)
-    return True
+    return Verdict((Event.FELL_BACK,))
 
 
 def timed(
     planner: Planner, entry: Entry, optimized: Callable[[], Any], original: Callable[[], Any], warm: bool = False
-) -> bool:
-    """Whether the plan is kept after timing it against the original within Limits.guard_seconds (once per
-    plan; the plan records what was measured, and where it is not kept, why the original runs). `warm`: both
-    have run on these arguments already."""
+) -> Verdict:
+    """Kept or slower, after timing the plan against the original within Limits.guard_seconds (once per plan;
+    the plan records what was measured, and where it is not kept, why the original runs). `warm`: both have run
+    on these arguments already."""
     if entry.plan.measured is None:
         progress.begin("measure", "measure the plan against the original")
         # outside any caller's trace, as the call that gave the results ran (compile-time evaluation would key
@@ -180,7 +182,8 @@ def timed(
             # measured slower with confidence: a later process runs the original at once (undecided: it measures)
             if entry.key and guard.refused_for_good(entry.plan.measured):
                 plan_store.save(entry.key, entry.plan, planner.options.profile)
-    return entry.plan.measured["kept"]
+                return Verdict((Event.SLOWER, Event.STORED))
+    return Verdict((Event.KEPT,) if entry.plan.measured["kept"] else (Event.SLOWER,))
 
 
 def _reference_results(entry: Entry, flat: list[Any]) -> list[Any]:

@@ -104,7 +104,7 @@ class Plan:
 
     def rules_involved(self) -> list[str]:
         """The rules a mismatch depends on, where validation found one (re-planning with subsets of the fired
-        rules, see Optimized._blame); otherwise every rule that fired, the set the plan was extracted from."""
+        rules, see eqsat.validate.blame); otherwise every rule that fired, the set the plan was extracted from."""
         return list(self.blamed) if self.blamed is not None else sorted(self.rules_fired)
 
     def summary(self) -> str:

@@ -33,7 +33,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     # (eqsat.extract.report), read and written here
     ("planning", {
         "eqsat.autotune", "eqsat.budget", "eqsat.extract.report", "eqsat.options", "eqsat.plan_cache",
-        "eqsat.plan_store", "eqsat.planning", "eqsat.repeats", "eqsat.sharding", "eqsat.signature", "eqsat.validate",
+        "eqsat.plan_life", "eqsat.plan_store", "eqsat.planning", "eqsat.repeats", "eqsat.sharding", "eqsat.signature",
+        "eqsat.validate",
     }),
     # the census is a tool, beside the API so that fast.profile() can take one (imported inside the method)
     ("API", {"eqsat.api", "eqsat.buckets", "eqsat.census"}),

@@ -98,7 +98,6 @@ def test_cache_files_are_checked_and_versioned(cache_dir, capsys):
         timing.cache_for("cpu:cpu").merge(stale)
 
 
-
 def test_a_cache_an_earlier_eqsat_wrote_is_measured_again_without_a_warning(cache_dir):
     (cache_dir / "timing").mkdir()
     old = json.loads(timing.TimingCache("cpu:cpu", timing.versions(), {_keys("Conv"): 1.0}).to_json())

@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # tests that inspect jax.jit's own internals, which an eqsat.optimize object is not: test id prefix -> reason
 _COUNTS = "counts traces or cache entries: eqsat traces once more to capture (and to validate)"
 KNOWN: dict[str, str] = {
-    "APITest::test_cache_miss_explanations": "reads jax.jit's cache-miss log, which names eqsat's own functions",
     "APITest::test_eval_shape_trace_cache_share": _COUNTS,
     "APITest::test_user_trace_context_hooks": _COUNTS,
     "JitTest::test_cache_key_defaults": "calls PjitFunction._cache_size()",

@@ -1,0 +1,152 @@
+"""A plan's life: the states of one signature's entry, and the only transitions between them (TRANSITIONS).
+
+```
+ (new) -pending-> building -landed-> cleared          (the plan built in the background takes its place)
+ (new) -planned | loaded-> built -validated-> validated -kept-> kept
+                           built -mismatched-> original      validated -slower | fell back-> original
+                           built -replanned-> built          validated -unmerged-> validated
+ (new) -unplanned-> original                                 built -trusted-> kept   (validation off)
+ built | original -stored-> (the same)      built | kept | original -refitted-> built | kept | kept
+ any state -cleared-> cleared
+```
+
+`built`, `validated` and `kept` run the plan; `building`, `original` and `cleared` run the original. Validation,
+the guard and the memory budget return verdicts (eqsat/validate.py, eqsat/budget.py); the wrapper (eqsat/api.py)
+applies them here, so that what an entry runs changes in this module only. `stored` records that the plan (or
+its refusal) was written to the plan store (eqsat/plan_store.py).
+"""
+
+import enum
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from eqsat.extract.plan import Plan
+from eqsat.signature import Signature
+
+
+class State(enum.Enum):
+    NEW = "new"  # before the first transition
+    BUILDING = "building"  # its plan is built in the background; the original runs meanwhile
+    BUILT = "built"  # a plan that runs, not compared with the original yet
+    VALIDATED = "validated"  # the same results as the original; its time not measured yet
+    KEPT = "kept"  # validated and not slower (or validation off): the plan runs
+    ORIGINAL = "original"  # the original runs; plan.fallback (or nothing to gain) says why
+    CLEARED = "cleared"  # forgotten (clear_cache), or its plan built in the background took its place
+
+
+class Event(enum.Enum):
+    PENDING = "pending"  # its plan left to the background
+    PLANNED = "planned"  # extracted now
+    LOADED = "loaded"  # kept from another process (eqsat/plan_store.py): validated again in this one
+    UNPLANNED = "unplanned"  # nothing to gain, a stored refusal or eqsat's own failure: the original runs
+    TRUSTED = "trusted"  # validation is off: the plan runs unchecked
+    STORED = "stored"  # written to the plan store
+    VALIDATED = "validated"  # compared with the original: the same results
+    MISMATCHED = "mismatched"  # compared with the original: other results
+    REPLANNED = "replanned"  # a plan from the store gave other results: planned afresh, compared again
+    UNMERGED = "unmerged"  # extracted again without the merges that added collectives on sharded arguments
+    FELL_BACK = "fell back"  # its collectives differ from jax.jit's even unmerged
+    KEPT = "kept"  # measured not slower than the original (or not measured)
+    SLOWER = "slower"  # measured slower than the original
+    REFITTED = "refitted"  # over the memory budget: runs as rematerialized segments
+    LANDED = "landed"  # the plan built in the background took its place
+    CLEARED = "cleared"  # forgotten by clear_cache
+
+
+_RUN_PLAN = (State.BUILT, State.VALIDATED, State.KEPT)
+# (state, event) -> the state after it; nothing else may happen to an entry
+TRANSITIONS: dict[tuple[State, Event], State] = {
+    (State.NEW, Event.PENDING): State.BUILDING,
+    (State.NEW, Event.PLANNED): State.BUILT,
+    (State.NEW, Event.LOADED): State.BUILT,
+    (State.NEW, Event.UNPLANNED): State.ORIGINAL,
+    (State.BUILT, Event.TRUSTED): State.KEPT,
+    (State.BUILT, Event.STORED): State.BUILT,
+    (State.ORIGINAL, Event.STORED): State.ORIGINAL,
+    (State.BUILT, Event.VALIDATED): State.VALIDATED,
+    (State.BUILT, Event.MISMATCHED): State.ORIGINAL,
+    (State.BUILT, Event.REPLANNED): State.BUILT,
+    (State.VALIDATED, Event.UNMERGED): State.VALIDATED,
+    (State.VALIDATED, Event.FELL_BACK): State.ORIGINAL,
+    (State.VALIDATED, Event.KEPT): State.KEPT,
+    (State.VALIDATED, Event.SLOWER): State.ORIGINAL,
+    (State.BUILT, Event.REFITTED): State.BUILT,
+    (State.KEPT, Event.REFITTED): State.KEPT,
+    (State.ORIGINAL, Event.REFITTED): State.KEPT,
+    (State.BUILDING, Event.LANDED): State.CLEARED,
+    **{(state, Event.CLEARED): State.CLEARED for state in State if state is not State.NEW},
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a check found (eqsat/validate.py, eqsat/budget.py), for the entry's owner to apply (Entry.apply): the
+    transitions, with the plan and the program they bring."""
+
+    events: tuple[Event, ...]
+    plan: Plan | None = None
+    runs: Callable[..., list[Any]] | None = None
+
+    def then(self, later: "Verdict") -> "Verdict":
+        return Verdict(self.events + later.events, later.plan or self.plan, later.runs or self.runs)
+
+
+class IllegalTransition(RuntimeError):
+    """An entry was asked to change in a way its life does not allow: eqsat's own bug."""
+
+
+@dataclass(eq=False)
+class Entry:
+    """One signature's plan and its life: what runs (`call`: the plan's program in the states that run it, else
+    the original) follows from `state`, which only `move` changes."""
+
+    signature: Signature
+    plan: Plan
+    original: Callable[..., list[Any]]  # the original, jitted, as the reference and the fallback
+    out_tree: Any
+    runs: Callable[..., list[Any]] | None = None  # flat args -> flat results: the plan's program
+    prepared: bool = False  # extracted for `prepare`: weight-only work priced as done once
+    # the original compiled for validation in the background while the caller's jax.jit compiles the plan
+    reference: Future | None = None
+    key: str | None = None  # where the plan is kept across processes (eqsat/plan_store.py)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held while validating: once, by one thread
+    # the plan being built in the background (eqsat/background.py): until it is ready this entry runs the original
+    job: Future | None = None
+    traced: bool = False  # a dispatch's trace runs it, so a call may have
+    captured: Any = None  # the program its background job plans (the job holds it weakly)
+    state: State = State.NEW
+    history: list[Event] = field(default_factory=list)
+
+    def move(self, *events: Event, plan: Plan | None = None, runs: Callable[..., list[Any]] | None = None) -> "Entry":
+        """The transitions `events`, in order (with the plan and program the last brings, where it brings them);
+        one the life does not allow is refused."""
+        for event in events:
+            after = TRANSITIONS.get((self.state, event))
+            if after is None:
+                raise IllegalTransition(f"eqsat: a plan {self.state.value} cannot be {event.value}")
+            self.state = after
+            self.history.append(event)
+        self.plan = plan or self.plan
+        self.runs = runs or self.runs
+        return self
+
+    def apply(self, verdict: Verdict) -> "Entry":
+        return self.move(*verdict.events, plan=verdict.plan, runs=verdict.runs)
+
+    @property
+    def call(self) -> Callable[..., list[Any]]:
+        """What a trace of this signature runs: the plan's program, or the original."""
+        return self.runs if self.state in _RUN_PLAN and self.runs is not None else self.original
+
+    @property
+    def validated(self) -> bool:
+        """Compared with the original, or with nothing to compare: no call may run a plan that gives other results."""
+        return self.state is not State.BUILT
+
+    @property
+    def mismatched(self) -> bool:
+        """Its plan gave other results than the original's at some point: a call that ran it runs again."""
+        return Event.MISMATCHED in self.history or Event.REPLANNED in self.history

@@ -1,0 +1,136 @@
+"""A plan's life (eqsat/plan_life.py): real plans driven through every transition, and no transition but the
+table's."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import eqsat
+from eqsat import guard
+from eqsat.plan_life import TRANSITIONS, Entry, Event, IllegalTransition, State
+
+E, S = Event, State
+# the life as the architecture page draws it: a change here is a change of the design
+LIFE = {
+    (S.NEW, E.PENDING): S.BUILDING,
+    (S.NEW, E.PLANNED): S.BUILT,
+    (S.NEW, E.LOADED): S.BUILT,
+    (S.NEW, E.UNPLANNED): S.ORIGINAL,
+    (S.BUILT, E.TRUSTED): S.KEPT,
+    (S.BUILT, E.STORED): S.BUILT,
+    (S.ORIGINAL, E.STORED): S.ORIGINAL,
+    (S.BUILT, E.VALIDATED): S.VALIDATED,
+    (S.BUILT, E.MISMATCHED): S.ORIGINAL,
+    (S.BUILT, E.REPLANNED): S.BUILT,
+    (S.VALIDATED, E.UNMERGED): S.VALIDATED,
+    (S.VALIDATED, E.FELL_BACK): S.ORIGINAL,
+    (S.VALIDATED, E.KEPT): S.KEPT,
+    (S.VALIDATED, E.SLOWER): S.ORIGINAL,
+    (S.BUILT, E.REFITTED): S.BUILT,
+    (S.KEPT, E.REFITTED): S.KEPT,
+    (S.ORIGINAL, E.REFITTED): S.KEPT,
+    (S.BUILDING, E.LANDED): S.CLEARED,
+    **{(s, E.CLEARED): S.CLEARED for s in (S.BUILDING, S.BUILT, S.VALIDATED, S.KEPT, S.ORIGINAL, S.CLEARED)},
+}
+
+
+def _chain(a, b, v):
+    return (a @ b) @ v  # re-associated: a @ (b @ v)
+
+
+def _args():
+    rng = np.random.default_rng(0)
+    return [jnp.asarray(rng.standard_normal(s), jnp.float32) for s in [(48, 48), (48, 48), (48, 2)]]
+
+
+def _entries(fast) -> list[Entry]:
+    return list(fast._cache.values())
+
+
+def _life(fast) -> tuple[State, list[Event]]:
+    (entry,) = _entries(fast)
+    return entry.state, entry.history
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EQSAT_PLAN_STORE", "on")
+
+
+def test_the_life_has_these_transitions_and_no_other():
+    assert TRANSITIONS == LIFE
+    for state in State:
+        for event in Event:
+            entry = Entry(None, None, None, None, state=state)
+            if (state, event) in LIFE:
+                assert entry.move(event).state is LIFE[state, event]
+            else:
+                with pytest.raises(IllegalTransition, match=f"a plan {state.value} cannot be {event.value}"):
+                    entry.move(event)
+                assert entry.state is state and entry.history == []
+
+
+def test_built_stored_validated_kept_then_loaded_and_cleared(store):
+    args = _args()
+    fast = eqsat.optimize(lambda *a: _chain(*a))
+    np.testing.assert_allclose(fast(*args), _chain(*args), rtol=2e-3, atol=1e-4)
+    assert _life(fast) == (S.KEPT, [E.PLANNED, E.STORED, E.VALIDATED, E.KEPT])
+    (entry,) = _entries(fast)
+    assert entry.call is entry.runs and entry.plan.rewritten_ops()
+    fast.clear_cache()
+    assert entry.state is S.CLEARED and entry.history[-1] is E.CLEARED
+    fast(*args)  # as a new process finds it: from the store, compared again before it counts
+    assert _life(fast) == (S.KEPT, [E.LOADED, E.VALIDATED, E.KEPT])
+
+
+def test_mismatched_and_the_refusal_stored(store, recwarn):
+    wrong = '(rewrite (Tanh x) x :name "wrong-tanh")'  # tanh(x) is not x
+    fast = eqsat.optimize(lambda x: jnp.tanh(x) * 2.0, rules=wrong)
+    x = jnp.linspace(-3.0, 3.0, 64)
+    np.testing.assert_allclose(fast(x), jnp.tanh(x) * 2.0, rtol=1e-6)
+    assert _life(fast) == (S.ORIGINAL, [E.PLANNED, E.STORED, E.MISMATCHED, E.STORED])
+    (entry,) = _entries(fast)
+    assert entry.call is entry.original and entry.mismatched and "wrong-tanh" in entry.plan.fallback
+
+
+def test_slower_falls_back(monkeypatch):
+    def measured_slower(original, optimized, seconds, warm=False, predicted=1.0):
+        return {
+            **{"ratio": 0.5, "ratio_low": 0.4, "ratio_high": 0.6, "rounds": 9, "faster_rounds": 0},
+            **{"decision": "slower", "confidence": 0.998, "predicted": predicted, "kept": False},
+            **{"original_s": 1e-4, "optimized_s": 2e-4},
+        }
+
+    monkeypatch.setattr(guard, "measure", measured_slower)
+    args = _args()
+    fast = eqsat.optimize(lambda *a: _chain(*a), limits=eqsat.Limits(guard_seconds=0.05))
+    fast(*args)
+    assert _life(fast) == (S.ORIGINAL, [E.PLANNED, E.VALIDATED, E.SLOWER])
+    (entry,) = _entries(fast)
+    assert entry.call is entry.original and not entry.mismatched and entry.plan.measured["decision"] == "slower"
+
+
+def test_trusted_unplanned_and_built_in_the_background():
+    args = _args()
+    trusted = eqsat.optimize(lambda *a: _chain(*a), validate=False)
+    trusted(*args)
+    assert _life(trusted) == (S.KEPT, [E.PLANNED, E.TRUSTED])
+    plain = eqsat.optimize(lambda x: x + 1.0)
+    plain(jnp.ones(4))
+    assert _life(plain) == (S.ORIGINAL, [E.UNPLANNED])
+    tiered = eqsat.optimize(lambda *a: _chain(*a), background=True)
+    tiered(*args)
+    (pending,) = _entries(tiered)
+    tiered.plan(*args)  # waits for the background job
+    tiered(*args)
+    assert pending.history == [E.PENDING, E.LANDED] and pending.state is S.CLEARED
+    assert _life(tiered) == (S.KEPT, [E.PLANNED, E.VALIDATED, E.KEPT])
+
+
+def test_an_illegal_transition_names_the_state_and_event():
+    entry = Entry(None, None, None, None).move(E.UNPLANNED)
+    with pytest.raises(IllegalTransition, match="a plan original cannot be validated"):
+        entry.move(E.VALIDATED)
+    assert jax.tree_util.tree_leaves(entry.history) == [E.UNPLANNED]
