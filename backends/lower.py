@@ -29,18 +29,32 @@ def lower(
     needed = _needed(plan, [*wanted, *(plan.effects if outputs is None else [])], set(given))
     input_names = {graph.nodes[i].attrs[0]: k for k, i in enumerate(graph.inputs)}
     n_args = len(graph.inputs)
+    wide = {i for i in needed if plan.nodes[i].wide}
+    # widened values read as typed: by a node computed as typed, or as a result
+    rounded = {j for i in needed if i not in wide for j in plan.nodes[i].inputs} | set(wanted)
 
     def run(*args: Any) -> list[Any]:
         values: dict[int, Any] = dict(zip(given, args[n_args:], strict=True))
+        in_float32: dict[int, Any] = {}  # the unrounded values of widened nodes
 
         def variable(name: str) -> Any:
             # constants become arrays here, in the trace that uses them: made earlier, under another trace, they
             # would be that trace's values and leak
             return args[input_names[name]] if name in input_names else jnp.asarray(graph.consts[name])
 
+        def read_wide(j: int) -> Any:
+            return in_float32[j] if j in in_float32 else lax.convert_element_type(values[j], jnp.float32)
+
         for i in needed:
             node = plan.nodes[i]
-            values[i] = graph.apply(node.op, node.attrs, [values[j] for j in node.inputs], variable)
+            if i not in wide:
+                values[i] = graph.apply(node.op, node.attrs, [values[j] for j in node.inputs], variable)
+                continue
+            inputs = [read_wide(j) for j in node.inputs]
+            # a Convert between float32 and a narrow type is the identity in float32: the rounding is deferred
+            in_float32[i] = inputs[0] if node.op == "Convert" else graph.apply(node.op, node.attrs, inputs, variable)
+            if i in rounded:
+                values[i] = lax.convert_element_type(in_float32[i], jnp.dtype(node.dtype))
         return [values[i] for i in wanted]
 
     return run

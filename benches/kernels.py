@@ -9,6 +9,7 @@
     python -m benches.kernels --only conv1d,conv3d,mamba_mixer,volumetric_cnn   # issue 26: convs of every rank
     python -m benches.kernels --only transposed_decoder   # three stride-2 flax ConvTranspose, 64 channels to 128x128
     python -m benches.kernels --only cumsum,sum30_python,sum30_reduce,sum30_stack   # issue 26 items 3 and 6
+    python -m benches.kernels --only gelu_bf16,rmsnorm_bf16,softmax_bf16,mlp_bf16   # issue 26 item 5: bfloat16
 
 Per case: the ratio (jax.jit time / eqsat time) with its interquartile range; jax.jit's first call; eqsat's first
 call with an empty timing cache and again with the cache warm (the plans forgotten and made again, as a later
@@ -34,6 +35,7 @@ import eqsat
 from benches.models import nasnet_a
 from benches.real_models import _keras_app
 from eqsat.measure import compare
+from eqsat.tolerance import ulps
 from eqsat.tools.versus import against_jit
 from eqsat.workload import Workload
 
@@ -41,7 +43,8 @@ KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "C
 BARS = {"MobileNetV2": 6, "EfficientNetB0": 4, "MobileNetV3Small": 3, "NASNetMobile": 3, "ConvNeXtTiny": 1.8,
         "onehot": 100, "nasnet_a": 2, "mobilenetv2_train": 3, "maxpool": 1.5, "sumpool": 2, "grouped56": 1,
         "grouped7": 1, "tinybatch": 4, "conv1d": 15, "conv3d": 50, "transposed_decoder": 1.3,
-        "cumsum": 3, "sum30_python": 10, "sum30_reduce": 10, "sum30_stack": 10}  # fmt: skip
+        "cumsum": 3, "sum30_python": 10, "sum30_reduce": 10, "sum30_stack": 10,
+        "gelu_bf16": 2, "rmsnorm_bf16": 2, "softmax_bf16": 2, "mlp_bf16": 1.1}  # fmt: skip
 # cases timed beside a hand rewrite of their slow kernels (the same run): eqsat must reach this share of its ratio
 HAND_SHARE = 2 / 3
 
@@ -196,12 +199,55 @@ def _transposed_decoder() -> Workload:
     return Workload("transposed_decoder", Decoder().apply, (Decoder().init(jax.random.PRNGKey(0), x), x), (), "flax")
 
 
+def _bf16(*shape: int, scale: float = 1.0) -> jax.Array:
+    return (_normal(*shape) * scale).astype(jnp.bfloat16)
+
+
+def _rms_norm(x: jax.Array, w: jax.Array) -> jax.Array:
+    return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * w
+
+
+def _mlp(
+    params: tuple[jax.Array, ...], x: jax.Array, gelu: Callable[[jax.Array], jax.Array] = jax.nn.gelu
+) -> jax.Array:
+    w1, b1, w2, b2 = params
+    return gelu(x @ w1 + b1) @ w2 + b2
+
+
+def _in_float32(fn: Callable[..., jax.Array]) -> Callable[..., jax.Array]:
+    """fn computed in float32 on bfloat16 arguments, its result rounded to bfloat16 once: the hand rewrite."""
+    return lambda *args: fn(*(a.astype(jnp.float32) for a in args)).astype(jnp.bfloat16)
+
+
+def _low_precision(name: str, fn: Callable[..., Any], *shapes: tuple[int, ...]) -> Any:
+    """A case of bfloat16 arguments of these shapes (drawn when it runs), with its rewrite by hand."""
+    return lambda: (Workload(name, fn, tuple(_bf16(*shape) for shape in shapes)), _in_float32(fn))
+
+
+def _mlp_block() -> tuple[Workload, Callable[..., Any]]:
+    """Dense, gelu, dense: 2x128x2048 by 8192 and back, weights scaled to keep activations of order 1; by hand the
+    dots stay bfloat16 and the gelu between them goes to float32."""
+    params = (_bf16(2048, 8192, scale=1 / 45), _bf16(8192), _bf16(8192, 2048, scale=1 / 90), _bf16(2048))
+    hand = functools.partial(_mlp, gelu=_in_float32(jax.nn.gelu))
+    return Workload("mlp_bf16", _mlp, (params, _bf16(2, 128, 2048))), hand
+
+
+# bfloat16 elementwise chains, computed in float32 and rounded once (issue 26 item 5)
+LOW_PRECISION = {
+    "gelu_bf16": _low_precision("gelu_bf16", jax.nn.gelu, (2, 128, 8192)),
+    "rmsnorm_bf16": _low_precision("rmsnorm_bf16", _rms_norm, (2, 128, 2048), (2048,)),
+    "softmax_bf16": _low_precision("softmax_bf16", lambda x: jax.nn.softmax(x, -1), (2, 128, 2048)),
+    "mlp_bf16": _mlp_block,
+}
+
+
 # issue 26's cases: each with its hand rewrite, timed against jax.jit in the same run
 WITH_HAND = {
     "conv1d": lambda: _depthwise(1),
     "conv3d": lambda: _depthwise(3),
     "mamba_mixer": _mamba_mixer,
     "volumetric_cnn": _volumetric_cnn,
+    **LOW_PRECISION,
 }
 
 
@@ -216,6 +262,18 @@ SUMS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
     "sum30_reduce": lambda x, bs: functools.reduce(operator.add, [x @ b for b in bs]),
     "sum30_stack": lambda x, bs: jnp.sum(jnp.stack([x @ b for b in bs]), 0),
 }
+
+
+def _narrow_ulps(work: Workload, fast: Callable[..., Any]) -> tuple[float, float] | None:
+    """For a bfloat16 or float16 result: the largest distance of eqsat's elements from the function evaluated on
+    float32 inputs, in units of the narrow type's last place at each element, and the share within two."""
+    out = jax.tree.leaves(fast(*work.args))
+    if not all(a.dtype in (jnp.bfloat16, jnp.float16) for a in out):
+        return None
+    wide = jax.tree.map(lambda a: a.astype(jnp.float32) if a.dtype in (jnp.bfloat16, jnp.float16) else a, work.args)
+    references = jax.tree.leaves(jax.jit(work.fn)(*wide))
+    every = np.concatenate([ulps(got, ref, got.dtype).ravel() for got, ref in zip(out, references, strict=True)])
+    return float(every.max()), float(np.mean(every <= 2))
 
 
 SMALL = {  # docs/kernel-gaps.md's single ops
@@ -308,6 +366,7 @@ def measure(name: str, seconds: float) -> dict[str, Any]:
         "fallback": plan.fallback,
         "bar": BARS.get(name),
         "hand_ratio": by_hand,
+        "narrow_ulps": _narrow_ulps(work, fast),
     }
 
 
@@ -318,6 +377,11 @@ def _bar(row: dict[str, Any]) -> str:
     if hand is None:
         return bar
     return f"{bar}; by hand {hand:.1f}x, eqsat {row['ratio'] / hand:.2f} of it (bar {HAND_SHARE:.2f})"
+
+
+def _ulps_text(row: dict[str, Any]) -> str:
+    ulps = row.get("narrow_ulps")
+    return "" if ulps is None else f"; float32 reference: max {ulps[0]:.1f} ulp, {100 * ulps[1]:.1f} % within 2"
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -331,7 +395,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['case']} | {r['jit_ms']:.1f} ms | {r['eqsat_ms']:.1f} ms | {r['ratio']:.2f}x "
             f"({r['iqr'][0]:.2f}-{r['iqr'][1]:.2f}) | {_bar(r)} | {r['jit_first_s']:.1f} / "
             f"{r['eqsat_first_cold_s']:.1f} / {r['eqsat_first_warm_s']:.1f} s | {r['measured_kernels']} in "
-            f"{r['measure_s']:.1f} s | {r['max_rel_diff']:.1e} |"
+            f"{r['measure_s']:.1f} s | {r['max_rel_diff']:.1e}{_ulps_text(r)} |"
         )
     return "\n".join(lines)
 

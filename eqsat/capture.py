@@ -153,7 +153,7 @@ def _model(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, t
     if eqn.effects or not all(isinstance(v.aval, ShapedArray) for v in (*eqn.invars, *eqn.outvars)):
         return None
     if name == "convert_element_type":
-        return _model_one_hot(graph, eqn, inputs)
+        return _model_one_hot(graph, eqn, inputs) or _model_convert(eqn, inputs)
     if name in ("argmax", "argmin"):
         return _model_arg_reduce(graph, eqn, inputs)
     dtypes = {v.aval.dtype for v in (*eqn.invars, *eqn.outvars)}
@@ -348,6 +348,17 @@ def _model_one_hot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tupl
     if graph.nodes[ids].shape != expanded.shape[:-1]:
         return None
     return "OneHot", (int(call.params["shape"][-1]), str(eqn.outvars[0].aval.dtype)), [ids]
+
+
+def _model_convert(eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    """A conversion between real float dtypes as (Convert dtype x); to or from an integer, a bool or a weak type it
+    stays opaque."""
+    source, target = eqn.invars[0].aval.dtype, eqn.outvars[0].aval.dtype
+    if eqn.params.get("weak_type") or eqn.params.get("sharding") is not None:
+        return None
+    if not all(jax.numpy.issubdtype(d, jax.numpy.floating) for d in (source, target)):
+        return None
+    return "Convert", (np.dtype(target).name,), inputs
 
 
 def _model_arg_reduce(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:

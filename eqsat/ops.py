@@ -562,6 +562,29 @@ OPS: dict[str, OpSpec] = {
         _unary("Logistic", lax.logistic, "logistic"),
         _unary("Sqrt", lax.sqrt, "sqrt"),
         _unary("Rsqrt", lax.rsqrt, "rsqrt"),
+        # (IntegerPow y a): a ** y for an integer y (jax.nn.gelu's cube)
+        OpSpec(
+            "IntegerPow",
+            ("i64",),
+            1,
+            "elementwise",
+            lambda attrs, a: lax.integer_pow(a, attrs[0]),
+            (_UNARY,),
+            ("integer_pow",),
+            capture_params=lambda params: (int(params["y"]),),
+            example_attrs=lambda _shape: [(2,), (3,)],
+        ),
+        # (Convert dtype a): a float value converted to another float dtype (jnp's reductions of bfloat16 values
+        # run in float32 between two of these); other conversions stay opaque (eqsat/capture.py)
+        OpSpec(
+            "Convert",
+            ("String",),
+            1,
+            "elementwise",
+            lambda attrs, a: lax.convert_element_type(a, np.dtype(attrs[0])),
+            (_UNARY,),
+            dtype_rule="(rule ((= e (Convert k0 a))) ((set (dtype e) k0)))",
+        ),
         # swap the last two axes
         OpSpec(
             "MT",

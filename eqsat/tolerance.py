@@ -127,12 +127,75 @@ def _accuracy_problem(k: int, want: np.ndarray, have: np.ndarray, exact: np.ndar
 def _in_float64(original: Callable[..., list[Any]], flat: list[Any]) -> list[np.ndarray] | None:
     """The original's results with its float inputs widened to float64 and jax's x64 mode on; None where it does
     not run so."""
-    wide = [np.asarray(x, np.float64) if _dtype_name(x) in VALIDATION_RTOL else x for x in flat]
+    with jax.enable_x64(True):
+        return _widened(original, flat, np.dtype(np.float64))
+
+
+def _widened(original: Callable[..., list[Any]], flat: list[Any], wide: np.dtype) -> list[np.ndarray] | None:
+    """The original's results with its narrower float inputs widened to `wide`; None where it does not run so."""
+
+    def widened(x: Any) -> Any:
+        narrower = _dtype_name(x) in VALIDATION_RTOL and np.dtype(x.dtype).itemsize < wide.itemsize
+        return np.asarray(x, wide) if narrower else x
+
     try:
-        with jax.enable_x64(True):
-            return comparable(original(*wide))
-    except Exception:  # an input read bit for bit, a dtype-specific op: the float64 program is not the original's
+        return comparable(original(*map(widened, flat)))
+    except Exception:  # an input read bit for bit, a dtype-specific op: the wider program is not the original's
         return None
+
+
+# How far a bfloat16 or float16 element may be from the original evaluated in float32, in units of the narrow type's
+# last place at that value, beyond the original's own distance: computing a chain in float32 and rounding it once
+# moves an element by the original's own rounding (towards the float32 value) and half a unit at most
+NARROW_ULPS = 2.0
+_NARROW = ("bfloat16", "float16")
+
+
+def narrow_less_accurate(
+    original: Callable[..., list[Any]], flat: list[Any], expected: list[Any], got: list[Any]
+) -> tuple[int, str] | None:
+    """The first bfloat16 or float16 result the plan computes less accurately than the original, judged against
+    the original evaluated in float32 on these inputs. An element may be NARROW_ULPS units of the narrow type's last
+    place farther from that reference than the original's element; more only at as many elements as the original
+    itself leaves that far from it: where a contraction sums terms that cancel, the narrow type does not determine
+    an element to a few of its own units, and another rounding of its inputs moves it by more."""
+    narrow = [k for k, want in enumerate(expected) if np.asarray(want).dtype.name in _NARROW]
+    reference = _widened(original, flat, np.dtype(np.float32)) if narrow else None
+    for k in narrow:
+        want = np.asarray(expected[k])
+        exact = None if reference is None else np.asarray(reference[k])
+        if exact is None or exact.shape != want.shape:
+            return k, f"result {k}: computed in float32, but the original does not run on float32 inputs to judge it"
+        problem = _narrow_problem(k, want, np.asarray(got[k]), exact.astype(np.float64))
+        if problem:
+            return k, problem
+    return None
+
+
+def ulps(values: Any, reference: Any, dtype: Any) -> np.ndarray:
+    """Each element's distance from the reference in units of dtype's last place at the reference's value."""
+    finfo = jnp.finfo(dtype)
+    exact = np.asarray(reference, np.float64)
+    ulp = float(finfo.eps) * np.exp2(np.floor(np.log2(np.maximum(np.abs(exact), float(finfo.tiny)))))
+    return np.abs(np.asarray(values, np.float64) - exact) / ulp
+
+
+def _narrow_problem(k: int, want: np.ndarray, have: np.ndarray, exact: np.ndarray) -> str | None:
+    w, h = want.astype(np.float64), have.astype(np.float64)
+    finite = np.isfinite(exact) & np.isfinite(w) & np.isfinite(h)  # inf and NaN: differs judged them
+    exact, w, h = exact[finite], w[finite], h[finite]
+    plan, own = ulps(h, exact, want.dtype), ulps(w, exact, want.dtype)
+    excess = plan - own - NARROW_ULPS
+    worse, undetermined = int(np.sum(excess > 0)), int(np.sum(own > NARROW_ULPS))
+    if worse <= undetermined:
+        return None
+    i = int(np.argmax(excess))
+    return (
+        f"result {k}: {worse} of {exact.size} elements less accurate than the original by more than "
+        f"{NARROW_ULPS:g} units of {want.dtype.name}'s last place (the original is that far from the float32 "
+        f"evaluation at {undetermined}), e.g. {h[i]:.6g} where the float32 evaluation gives {exact[i]:.6g} and the "
+        f"original {w[i]:.6g}"
+    )
 
 
 def _dtype_name(x: Any) -> str | None:

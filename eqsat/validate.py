@@ -22,7 +22,8 @@ from eqsat.errors import EqsatWarning
 from eqsat.plan_life import Entry, Event, Verdict
 from eqsat.planning import Planner
 from eqsat.sharding import added_collectives
-from eqsat.tolerance import beyond_conditioning, comparable, differs, less_accurate
+from eqsat.signature import flat_function
+from eqsat.tolerance import beyond_conditioning, comparable, differs, less_accurate, narrow_less_accurate
 
 log = logging.getLogger("eqsat")
 
@@ -40,6 +41,11 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
             wrong = beyond_conditioning(entry.original, flat, expected, got)
             if wrong is not None:
                 wrong = less_accurate(entry.original, flat, expected, got, wrong)
+    if wrong is None and entry.plan.widened():  # narrow chains computed in float32: judged against the program
+        # traced again on float32 inputs (the captured one holds narrow constants)
+        with jax.ensure_compile_time_eval():
+            source = jax.jit(flat_function(planner.fun, entry.signature)[0])
+            wrong = narrow_less_accurate(source, flat, expected, got)
     if wrong is None:
         return Verdict((Event.VALIDATED,))
     k, problem = wrong

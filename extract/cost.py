@@ -51,6 +51,9 @@ class Profile:
     # how much faster a measured alternative kernel must be than the one it replaces (ResNeXt-50's grouped convs as
     # patches measured 1.0-1.2x alone and made the model 0.79x of jax.jit in context)
     switch_margin: float = 1.3
+    # seconds per element a bfloat16 or float16 elementwise op spends on rounding its result (XLA:CPU computes each
+    # in float32 and rounds it back); 0: the target computes them natively, and no chain is widened (extract/widen.py)
+    narrow_rounding: float = 0.0
     # measured seconds per node key (node_key), attached at planning time; they replace the roofline where present
     timings: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
@@ -197,10 +200,20 @@ def _free(node: _Node, profile: Profile) -> Cost:
 
 
 def _fused_pass(node: _Node, profile: Profile) -> Cost:
-    """XLA fuses elementwise ops into their neighbours: the memory pass of the output, no kernel of its own."""
+    """XLA fuses elementwise ops into their neighbours: the memory pass of the output, no kernel of its own; in a
+    narrow float type, the rounding of each element."""
     kernels = 0 if profile.fuses_elementwise else 1
     seconds = node.out_bytes / profile.bandwidth_for(node.out_bytes) + kernels * profile.launch_overhead
+    seconds += rounding_seconds(node.out_shape, node.dtype, profile)
     return Cost(seconds, float(prod(node.out_shape or ())), node.out_bytes, kernels)
+
+
+NARROW_FLOATS = ("bfloat16", "float16")
+
+
+def rounding_seconds(shape: Shape | None, dtype: str | None, profile: Profile) -> float:
+    """What rounding a value of this shape to a narrow float type costs on the target (0 for other dtypes)."""
+    return profile.narrow_rounding * prod(shape or ()) if dtype in NARROW_FLOATS else 0.0
 
 
 def _contraction(node: _Node, profile: Profile) -> Cost:

@@ -12,6 +12,7 @@ from eqsat.extract.dag import reachable
 from eqsat.extract.extractors import ExtractionReport, extract
 from eqsat.extract.timing import measurable
 from eqsat.extract.views import original_graph
+from eqsat.extract.widen import widen
 from eqsat.ir import Graph, Shape
 from eqsat.ops import OPS, infer
 from eqsat.saturate import ENode, Limits, Snapshot, StopReason
@@ -36,6 +37,7 @@ class PlanNode:
     sources: tuple[str, ...] = ()  # their source lines, "file.py:42 (function)"
     path: str = ""  # an input's pytree path in the call: params.layers[0].wq
     param: bool = False  # an input that is a declared parameter (params_argnums)
+    wide: bool = False  # a narrow-float elementwise op computed in float32, rounded where read (extract/widen.py)
 
 
 @dataclass
@@ -86,7 +88,12 @@ class Plan:
             not self.rewritten_ops()
             and len(self.nodes) == self.stats.get("original_nodes")
             and not self.stats.get("bodies_rewritten")
+            and not self.widened()
         )
+
+    def widened(self) -> int:
+        """How many narrow-float elementwise nodes compute in float32 (extract/widen.py)."""
+        return sum(node.wide for node in self.nodes)
 
     def rewritten_frontier(self) -> list[int]:
         """The rewritten nodes whose values the rest of the program reads as the original's (results, and inputs
@@ -128,6 +135,11 @@ class Plan:
             lines.append(f"  rules fired      {fired}")
         if self.rewritten_ops():
             lines.append(f"  rewritten ops    {self.rewritten_ops()}")
+        if self.widened():
+            lines.append(
+                f"  low precision    {self.widened()} bfloat16/float16 elementwise ops computed in float32, each chain "
+                "rounded once at its end"
+            )
         lines += self._region_lines()
         if self.memory:
             lines.append(self.memory.summary())
@@ -346,6 +358,9 @@ def _assemble(
     for j in per_call_reads & per_call_cost.keys():
         plan_nodes[j] = dataclasses.replace(plan_nodes[j], weight=False, cost=per_call_cost[j])
     provenance.attach(plan_nodes, members, graph)
+    outputs = [index[snapshot.orig[i]] for i in graph.outputs]
+    effects = [index[snapshot.orig[i]] for i in graph.effects]
+    plan_nodes = widen(plan_nodes, [*outputs, *effects], profile)
     predicted, original = Cost(), Cost()
     for n in plan_nodes:
         predicted += n.cost
@@ -355,8 +370,8 @@ def _assemble(
     return Plan(
         target=profile.name,
         nodes=plan_nodes,
-        outputs=[index[snapshot.orig[i]] for i in graph.outputs],
-        effects=[index[snapshot.orig[i]] for i in graph.effects],
+        outputs=outputs,
+        effects=effects,
         predicted=predicted,
         original=original,
         stop_reason=snapshot.stop_reason,

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("extraction", {
         "eqsat.extract", "eqsat.extract.cost", "eqsat.extract.dag", "eqsat.extract.extractors",
         "eqsat.extract.greedy", "eqsat.extract.ilp", "eqsat.extract.plan", "eqsat.extract.timing",
-        "eqsat.extract.provenance", "eqsat.extract.views", "eqsat.extract.changes",
+        "eqsat.extract.provenance", "eqsat.extract.views", "eqsat.extract.changes", "eqsat.extract.widen",
     }),
     ("lowering", {"eqsat.backends", "eqsat.backends.lower"}),
     ("memory", {"eqsat.backends.memory"}),

@@ -7,6 +7,7 @@ from functools import partial
 from typing import Any
 
 from hypothesis import strategies as st
+from jax.lax import convert_element_type
 
 from eqsat.backends.cumulative import KINDS, cumulative
 from eqsat.ops import OPS, OpSpec
@@ -25,10 +26,22 @@ def _gen_cumulative(draw: DrawFn, prog: Program) -> int:
     return prog.apply(f"cum{kind}[{axis}, {reverse}]", partial(cumulative, (kind, axis, reverse)), x)
 
 
+def _gen_convert(draw: DrawFn, prog: Program) -> int:
+    """A round trip through a narrower float type: a drawn program keeps one dtype."""
+    narrow = draw(st.sampled_from(("bfloat16", "float16")))
+    x = any_value(draw, prog)
+    return prog.apply(f"convert[{narrow}]", lambda v: convert_element_type(convert_element_type(v, narrow), v.dtype), x)
+
+
 # Entries per op of the table (the JAX that captures as it) or rule pattern, where drawing the op on random inputs
 # (_from_table) would not reach what its rules match. Ops only rules create (Pad, Dense, the stable composites)
 # get an entry: the JAX that rules rewrite into them.
-GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {**ALGEBRA, **CONV, "Cumulative": _gen_cumulative}
+GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
+    **ALGEBRA,
+    **CONV,
+    "Cumulative": _gen_cumulative,
+    "Convert": _gen_convert,
+}
 
 
 def _from_table(spec: OpSpec) -> Callable[[DrawFn, Program], int]:
