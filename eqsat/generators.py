@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from eqsat.backends.cumulative import KINDS, cumulative
 from eqsat.gen_algebra import ALGEBRA
 from eqsat.gen_conv import CONV
+from eqsat.gen_losses import LOSSES
 from eqsat.ops import OPS, OpSpec
 from eqsat.program import DrawFn, Program, Shape, any_value
 
@@ -27,7 +28,12 @@ def _gen_cumulative(draw: DrawFn, prog: Program) -> int:
 # Entries per op of the table (the JAX that captures as it) or rule pattern, where drawing the op on random inputs
 # (_from_table) would not reach what its rules match. Ops only rules create (Pad, Dense, the stable composites)
 # get an entry: the JAX that rules rewrite into them.
-GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {**ALGEBRA, **CONV, "Cumulative": _gen_cumulative}
+GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
+    **ALGEBRA,
+    **CONV,
+    **LOSSES,
+    "Cumulative": _gen_cumulative,
+}
 
 
 def _from_table(spec: OpSpec) -> Callable[[DrawFn, Program], int]:

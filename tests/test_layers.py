@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("tools", {
         "eqsat.__main__", "eqsat.cli", "eqsat.examples", "eqsat.extract.calibrate", "eqsat.extract.html_report",
         "eqsat.gen_algebra", "eqsat.gen_conv", "eqsat.generators", "eqsat.program", "eqsat.verify", "eqsat.versus",
-        "eqsat.fuzz",
+        "eqsat.fuzz", "eqsat.gen_losses",
     }),
 ]  # fmt: skip
 LAYER = {module: depth for depth, (_, modules) in enumerate(LAYERS) for module in modules}
