@@ -159,6 +159,45 @@ def scatter_rows(attrs: tuple, rows: Any, ids: Any) -> Any:
     return table.at[jnp.where((ids >= 0) & (ids < depth), ids, depth)].add(rows, mode="drop")
 
 
+# The fill value of a pick outside [0, depth): NaN is jnp.take_along_axis's own, 0 what a one-hot row sum gives
+PICK_FILLS = {"nan": float("nan"), "zero": 0.0}
+
+
+def along_last_axis(rank: int) -> tuple[lax.GatherDimensionNumbers, lax.ScatterDimensionNumbers]:
+    """The dimension numbers of jnp.take_along_axis along the last axis of a rank-`rank` array (the leading axes
+    batch axes, one index per position), and of its transpose, the scatter-add of its gradient."""
+    batch, last = tuple(range(rank - 1)), (rank - 1,)
+    return (
+        lax.GatherDimensionNumbers((), last, last, operand_batching_dims=batch, start_indices_batching_dims=batch),
+        lax.ScatterDimensionNumbers((), last, last, operand_batching_dims=batch, scatter_indices_batching_dims=batch),
+    )
+
+
+def take_along(attrs: tuple, x: Any, ids: Any) -> Any:
+    """(TakeAlong fill x ids): x[..., ids[..., k]] for x [B..., V] and ids [B..., K] (B... the same), `fill` where an
+    id is outside [0, V): the gather of jnp.take_along_axis(x, ids, -1, mode="fill"), less its wrapping of negative
+    ids (capture keeps that in the ids)."""
+    (fill,) = attrs
+    gather, _ = along_last_axis(x.ndim)
+    return lax.gather(
+        x, ids[..., None], gather, (1,) * x.ndim, mode=lax.GatherScatterMode.FILL_OR_DROP, fill_value=PICK_FILLS[fill]
+    )
+
+
+def put_along(_attrs: tuple, x: Any, ids: Any, updates: Any) -> Any:
+    """(PutAlong x ids updates): x with updates[..., k] added at x[..., ids[..., k]], ids outside [0, V) dropped: the
+    scatter-add of take_along's gradient."""
+    _, scatter = along_last_axis(x.ndim)
+    return lax.scatter_add(x, ids[..., None], updates, scatter, mode=lax.GatherScatterMode.FILL_OR_DROP)
+
+
+def keep_in_range(attrs: tuple, x: Any, ids: Any) -> Any:
+    """(KeepInRange depth x ids): x where 0 <= ids < depth, else 0: a one-hot row's sum of x, which is x at the id
+    and nothing where the id is out of range."""
+    (depth,) = attrs
+    return jnp.where((ids >= 0) & (ids < depth), x, jnp.zeros((), x.dtype))
+
+
 def masked_arg_reduce(attrs: tuple, x: Any) -> Any:
     """The same index as the first position holding the max (min): a max, then a min of the positions equal to it,
     two fused reductions where XLA:CPU's one (value, index) reduction runs 6-10x slower (benches/RESULTS.md). A NaN

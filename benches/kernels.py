@@ -10,6 +10,7 @@
     python -m benches.kernels --only transposed_decoder   # three stride-2 flax ConvTranspose, 64 channels to 128x128
     python -m benches.kernels --only cumsum,sum30_python,sum30_reduce,sum30_stack   # issue 26 items 3 and 6
     python -m benches.kernels --only gelu_bf16,rmsnorm_bf16,softmax_bf16,mlp_bf16   # issue 26 item 5: bfloat16
+    python -m benches.kernels --only xent,xent_grad,xent_onehot,xent_onehot_grad,xent_keras,xent_keras_grad   # item 4
 
 Per case: the ratio (jax.jit time / eqsat time) with its interquartile range; jax.jit's first call; eqsat's first
 call with an empty timing cache and again with the cache warm (the plans forgotten and made again, as a later
@@ -44,7 +45,9 @@ BARS = {"MobileNetV2": 6, "EfficientNetB0": 4, "MobileNetV3Small": 3, "NASNetMob
         "onehot": 100, "nasnet_a": 2, "mobilenetv2_train": 3, "maxpool": 1.5, "sumpool": 2, "grouped56": 1,
         "grouped7": 1, "tinybatch": 4, "conv1d": 15, "conv3d": 50, "transposed_decoder": 1.3,
         "cumsum": 3, "sum30_python": 10, "sum30_reduce": 10, "sum30_stack": 10,
-        "gelu_bf16": 2, "rmsnorm_bf16": 2, "softmax_bf16": 2, "mlp_bf16": 1.1}  # fmt: skip
+        "gelu_bf16": 2, "rmsnorm_bf16": 2, "softmax_bf16": 2, "mlp_bf16": 1.1,
+        **{name + "_grad" * grad: 1.5 if grad else 1.8 for name in ("xent", "xent_onehot", "xent_keras")
+           for grad in (False, True)}}  # fmt: skip
 # cases timed beside a hand rewrite of their slow kernels (the same run): eqsat must reach this share of its ratio
 HAND_SHARE = 2 / 3
 
@@ -241,6 +244,40 @@ LOW_PRECISION = {
 }
 
 
+def _keras_sparse_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    os.environ["KERAS_BACKEND"] = "jax"
+    import keras
+
+    return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True).mean()
+
+
+# An LM loss over 4x512x32000 logits as models write it: the label's log-probability taken from log_softmax (flax
+# and haiku examples), or summed against a one-hot row (optax.softmax_cross_entropy, keras' sparse categorical
+# cross-entropy: `keras`); each with the exact rewrite by hand, logsumexp minus the label's logit
+LOSSES: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
+    "xent": lambda x, y: -jnp.take_along_axis(jax.nn.log_softmax(x), y[..., None], -1).mean(),
+    "xent_onehot": lambda x, y: -jnp.sum(jax.nn.one_hot(y, x.shape[-1]) * jax.nn.log_softmax(x), -1).mean(),
+    "xent_keras": _keras_sparse_cross_entropy,
+}
+
+
+def _cross_entropy_by_hand(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """logsumexp(l) - l[y], and 0 where a label is out of range (as a one-hot row of zeros gives)."""
+    picked = jnp.take_along_axis(logits, labels[..., None], -1, mode="fill", fill_value=0)[..., 0]
+    in_range = (labels >= 0) & (labels < logits.shape[-1])
+    return jnp.where(in_range, jax.nn.logsumexp(logits, -1) - picked, 0).mean()
+
+
+def _cross_entropy(name: str, grad: bool) -> tuple[Workload, Callable[..., Any]]:
+    """LOSSES[name] over 4x512x32000 float32 logits and int32 labels, its value or (with grad) value_and_grad with
+    respect to the logits."""
+    loss, hand = LOSSES[name], _cross_entropy_by_hand
+    if grad:
+        loss, hand = jax.value_and_grad(loss), jax.value_and_grad(hand)
+    labels = jnp.asarray(np.random.default_rng(1).integers(0, 32000, (4, 512)), jnp.int32)
+    return Workload(name + "_grad" * grad, loss, (_normal(4, 512, 32000), labels), (), "LM loss"), hand
+
+
 # issue 26's cases: each with its hand rewrite, timed against jax.jit in the same run
 WITH_HAND = {
     "conv1d": lambda: _depthwise(1),
@@ -248,6 +285,11 @@ WITH_HAND = {
     "mamba_mixer": _mamba_mixer,
     "volumetric_cnn": _volumetric_cnn,
     **LOW_PRECISION,
+    **{
+        name + "_grad" * grad: lambda name=name, grad=grad: _cross_entropy(name, grad)
+        for name in LOSSES
+        for grad in (False, True)
+    },
 }
 
 

@@ -19,7 +19,7 @@ from jax.core import ShapedArray
 from jax.extend import core as jcore
 
 from eqsat.backends.cumulative import PRIMITIVES as CUMULATIVE
-from eqsat.backends.kernels import conv_dimension_numbers
+from eqsat.backends.kernels import PICK_FILLS, along_last_axis, conv_dimension_numbers
 from eqsat.ir import Graph, Node, Opaque, Role, Variable, Where
 from eqsat.ops import ConvAttrs, PoolAttrs, captured_as
 
@@ -156,6 +156,8 @@ def _model(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, t
         return _model_one_hot(graph, eqn, inputs) or _model_convert(eqn, inputs)
     if name in ("argmax", "argmin"):
         return _model_arg_reduce(graph, eqn, inputs)
+    if name in ("gather", "scatter-add"):
+        return _model_along_last_axis(graph, eqn, inputs)
     dtypes = {v.aval.dtype for v in (*eqn.invars, *eqn.outvars)}
     if len(dtypes) != 1 or dtypes == {np.dtype(bool)} or not isinstance(next(iter(dtypes)), np.dtype):
         return None
@@ -366,6 +368,37 @@ def _model_arg_reduce(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> t
     (axis,) = eqn.params["axes"]
     kind = eqn.primitive.name.removeprefix("arg")
     return "ArgReduce", (kind, int(axis), np.dtype(eqn.params["index_dtype"]).name), inputs
+
+
+def _model_along_last_axis(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+    """jnp.take_along_axis along the last axis (a gather with the leading axes as batch axes) as (TakeAlong fill x
+    ids), and its gradient's scatter-add as (PutAlong x ids updates), the trailing index axis of the ids dropped;
+    out-of-range ids filled with NaN or 0 (a gather) or dropped (a scatter), as in FILL_OR_DROP mode. Any other
+    gather or scatter-add stays opaque."""
+    p, x, ids = eqn.params, eqn.invars[0].aval, eqn.invars[1].aval
+    rank = len(x.shape)
+    if not rank or len(ids.shape) != rank + 1 or ids.shape[: rank - 1] != x.shape[:-1] or ids.shape[-1] != 1:
+        return None  # ids [B..., K, 1] for x [B..., V]
+    if not np.issubdtype(ids.dtype, np.integer) or not np.issubdtype(x.dtype, np.inexact):
+        return None
+    gather, scatter = along_last_axis(rank)
+    if p["mode"] != jax.lax.GatherScatterMode.FILL_OR_DROP or p["indices_are_sorted"] or p["unique_indices"]:
+        return None
+    picks = _reshaped(graph, inputs[1], tuple(int(d) for d in ids.shape[:-1]))
+    if eqn.primitive.name == "gather":
+        fill = next((name for name, value in PICK_FILLS.items() if _same_value(p["fill_value"], value)), None)
+        if p["dimension_numbers"] != gather or tuple(p["slice_sizes"]) != (1,) * rank or fill is None:
+            return None
+        return "TakeAlong", (fill,), [inputs[0], picks]
+    if p["dimension_numbers"] != scatter or p["update_consts"] or eqn.invars[2].aval.dtype != x.dtype:
+        return None
+    return "PutAlong", (), [inputs[0], picks, inputs[2]]
+
+
+def _same_value(fill: Any, value: float) -> bool:
+    """A gather's fill value is this one (NaN for NaN; None is NaN for an inexact operand, as jax fills)."""
+    fill = float("nan") if fill is None else float(fill)
+    return fill == value or (np.isnan(fill) and np.isnan(value))
 
 
 def _model_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:

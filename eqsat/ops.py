@@ -34,6 +34,9 @@ class CostClass(StrEnum):
     GATHER = "gather"  # reads the rows it returns
     WINDOW = "window"  # a pooling pass: reads its input once, writes its output
     REDUCTION = "reduction"  # an index-returning reduction (argmax) or a cumulative op: reads its input once
+    # a fused reduction that reads its input again, past the pass its producer was priced for (logsumexp: a max,
+    # then a sum of exp of the difference)
+    FUSED_READ = "fused_read"
     OPAQUE = "opaque"  # a primitive the table does not model: one pass over its data
 
 
@@ -509,6 +512,41 @@ OPS: dict[str, OpSpec] = {
             ),
             alternative=True,
         ),
+        # (TakeAlong fill x ids): x[B..., V] picked along its last axis at ids[B..., K], `fill` ("nan" or "zero")
+        # for an id outside [0, V); captured from jnp.take_along_axis, put by rules/losses.egg beside one-hot sums
+        OpSpec(
+            "TakeAlong",
+            ("String",),
+            2,
+            "gather",
+            kernels.take_along,
+            (
+                "(rule ((= e (TakeAlong k0 a b)) (= sa (shape a)) (= sb (shape b)) (= n (vec-length sa)) (>= n 1)"
+                " (= n (vec-length sb)) (= (vec-pop sa) (vec-pop sb))) ((set (shape e) sb)))",
+            ),
+        ),
+        # (PutAlong x ids updates): x with updates[B..., K] added along its last axis at ids, out of range dropped;
+        # captured from take_along_axis's gradient
+        OpSpec(
+            "PutAlong",
+            (),
+            3,
+            "gather",
+            kernels.put_along,
+            (
+                "(rule ((= e (PutAlong a b c)) (= sa (shape a)) (= sb (shape b)) (= sb (shape c)) (= n (vec-length sa))"
+                " (>= n 1) (= n (vec-length sb)) (= (vec-pop sa) (vec-pop sb))) ((set (shape e) sa)))",
+            ),
+        ),
+        # (KeepInRange depth x ids): x where 0 <= ids < depth, else 0 (what a one-hot row sums x to; rules only)
+        OpSpec(
+            "KeepInRange",
+            ("i64",),
+            2,
+            "elementwise",
+            kernels.keep_in_range,
+            ("(rule ((= e (KeepInRange k0 a b)) (= sa (shape a)) (= sa (shape b)) (> k0 0)) ((set (shape e) sa)))",),
+        ),
         # (ArgReduce kind axis index_dtype x), kind "max" or "min": captured from lax.argmax / lax.argmin;
         # ArgReduceMasked computes it as a max (min) and a min of the positions that hold it
         *(
@@ -666,7 +704,7 @@ OPS: dict[str, OpSpec] = {
             "LogSumExp",
             ("i64",),
             1,
-            "elementwise",
+            "fused_read",
             lambda attrs, a: jax.nn.logsumexp(a, axis=attrs[0]),
             (
                 "(rule ((= e (LogSumExp k0 a)) (= sa (shape a)) (>= k0 0) (< k0 (vec-length sa)))"

@@ -289,8 +289,10 @@ def rule_tolerance(dtype: np.dtype, scale: float, real: bool, reduction: int = 1
 def difference(want: Any, got: Any, allowed: float) -> tuple[float, float] | None:
     """(error, allowed) if `got` disagrees with `want`, else None; shapes and dtypes already match."""
     w, g = np.asarray(want), np.asarray(got)
-    if allowed == 0.0:
-        return None if np.array_equal(w, g) else (float(np.max(np.abs(w.astype(float) - g.astype(float)))), 0.0)
+    if allowed == 0.0:  # NaN where the other has NaN is equal (an output of NaN alone has no finite scale)
+        if np.array_equal(w, g, equal_nan=bool(np.issubdtype(w.dtype, np.inexact))):
+            return None
+        return float(np.max(np.abs(w.astype(float) - g.astype(float)))), 0.0
     wide = np.complex128 if np.iscomplexobj(w) else np.float64
     w, g = w.astype(wide), g.astype(wide)
     finite = np.isfinite(w) & np.isfinite(g)

@@ -216,6 +216,14 @@ def rounding_seconds(shape: Shape | None, dtype: str | None, profile: Profile) -
     return profile.narrow_rounding * prod(shape or ()) if dtype in NARROW_FLOATS else 0.0
 
 
+def _fused_read(node: _Node, profile: Profile) -> Cost:
+    """A fused reduction that reads its input again: the memory pass of its input (logsumexp of an input already
+    computed for something else costs what reading it costs, not what its small output does)."""
+    kernels = 0 if profile.fuses_elementwise else 1
+    seconds = node.in_bytes / profile.bandwidth_for(node.in_bytes) + kernels * profile.launch_overhead
+    return Cost(seconds, float(prod(node.in_shapes[0] or ())), node.in_bytes, kernels)
+
+
 def _contraction(node: _Node, profile: Profile) -> Cost:
     """max(compute, memory) and a kernel launch, or what the timing cache measured."""
     assert node.out_shape is not None and node.in_shapes[0] is not None
@@ -267,6 +275,7 @@ PRICES: dict[CostClass, Callable[[_Node, Profile], Cost]] = {
     CostClass.SOURCE: _free,
     CostClass.BITCAST: _free,
     CostClass.ELEMENTWISE: _fused_pass,
+    CostClass.FUSED_READ: _fused_read,
     CostClass.CONTRACTION: _contraction,
     CostClass.GATHER: _gather,
     CostClass.WINDOW: _window,

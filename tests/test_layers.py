@@ -43,7 +43,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "eqsat.__main__", "eqsat.tools", "eqsat.tools.main", "eqsat.tools.cli", "eqsat.tools.examples",
         "eqsat.tools.calibrate", "eqsat.tools.html_report", "eqsat.tools.gen_algebra", "eqsat.tools.gen_conv",
         "eqsat.tools.generators", "eqsat.tools.program", "eqsat.tools.verify", "eqsat.tools.versus",
-        "eqsat.tools.fuzz",
+        "eqsat.tools.fuzz", "eqsat.tools.gen_losses",
     }),
 ]  # fmt: skip
 LAYER = {module: depth for depth, (_, modules) in enumerate(LAYERS) for module in modules}

@@ -13,6 +13,7 @@ from eqsat.backends.cumulative import KINDS, cumulative
 from eqsat.ops import OPS, OpSpec
 from eqsat.tools.gen_algebra import ALGEBRA
 from eqsat.tools.gen_conv import CONV
+from eqsat.tools.gen_losses import LOSSES
 from eqsat.tools.program import DrawFn, Program, Shape, any_value
 
 
@@ -39,6 +40,7 @@ def _gen_convert(draw: DrawFn, prog: Program) -> int:
 GENERATORS: dict[str, Callable[[DrawFn, Program], int]] = {
     **ALGEBRA,
     **CONV,
+    **LOSSES,
     "Cumulative": _gen_cumulative,
     "Convert": _gen_convert,
 }
