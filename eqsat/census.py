@@ -11,6 +11,7 @@ The census is a tool: `python -m eqsat profile` and `fast.profile(*args)` build 
 """
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -491,71 +492,23 @@ def take(
     device = profile.timing_device or timing.local_device()
     cache = timing.cache_for(device)
     here = device == timing.local_device()
-    first: dict[str, _Unit] = {}  # each kernel class's first occurrence, by key
-    counts: dict[str, int] = {}
-    for unit in _units(graph):
-        key = _key(graph, unit)
-        first.setdefault(key, unit)
-        counts[key] = counts.get(key, 0) + 1
+    first, counts = _classes(graph)
     progress.begin("census", f"census: the alternatives of {len(first)} kernel classes")
     rivals = _rivals(graph, first, rules)
     roofline = {key: _roofline(graph, unit, profile) for key, unit in first.items()}
     # what to time: the kernels with alternatives first (and the alternatives), then by predicted time in all
     order = sorted(first, key=lambda k: (not rivals.get(k), -counts[k] * roofline[k]))
-    wanted = []
-    for key in order:
-        unit = first[key]
-        node = graph.nodes[unit.nodes[0]]
-        dtypes = tuple(graph.nodes[j].dtype for j in unit.inputs)
-        shapes = tuple(graph.nodes[j].shape for j in unit.inputs)
-        op = node.op if unit.kind == "kernel" else f"census:{unit.kind}"
-        wanted.append(timing.Wanted(key, op, node.attrs, shapes, node.dtype, dtypes))
-        wanted += rivals.get(key, [])
-
-    def timer(w: timing.Wanted) -> float | None:
-        return (
-            _alone(graph, first[w.key]) if w.key in first and first[w.key].kind != "kernel" else timing.measure_one(w)
-        )
-
+    wanted = [w for key in order for w in (_wanted(graph, key, first[key]), *rivals.get(key, []))]
     start = time.perf_counter()
-    counted = timing.measure(cache, wanted, budget if here else 0.0, timer=timer)
+    counted = timing.measure(cache, wanted, budget if here else 0.0, timer=functools.partial(_time, graph, first))
     measure_s = time.perf_counter() - start
     with cache.lock:
         entries = dict(cache.entries)
-
-    def seconds_of(key: str, roof: float) -> float | None:
-        if key not in entries:
-            return None
-        return roof if entries[key] is None else entries[key]  # too fast to measure: the roofline prices it
-
     ran = _plan_counts(plan)
-    kernels = []
-    for key in first:
-        unit = first[key]
-        kind_name, detail = _describe(graph, unit)
-        alternatives = rivals.get(key, [])
-        chosen = max(alternatives, key=lambda w: ran.get(w.key, 0), default=None)
-        chosen_count = ran.get(chosen.key, 0) if chosen is not None else 0
-        chosen_s = None
-        if chosen is not None and chosen_count:
-            chosen_s = seconds_of(chosen.key, _wanted_roofline(chosen, graph.nodes[unit.nodes[0]], profile))
-        where = graph.where.get(unit.nodes[0])
-        kernels.append(
-            Kernel(
-                key=key,
-                kind=unit.kind,
-                name=kind_name,
-                detail=detail,
-                count=counts[key],
-                roofline_s=roofline[key],
-                measured_s=seconds_of(key, roofline[key]),
-                alternatives=tuple(dict.fromkeys(w.op for w in alternatives)),
-                chosen=chosen.op if chosen_count and chosen is not None else "",
-                chosen_count=min(chosen_count, counts[key]),
-                chosen_s=chosen_s,
-                scope=where.scope if where else "",
-            )
-        )
+    kernels = [
+        _kernel(graph, key, counts[key], roofline[key], rivals.get(key, []), ran, entries, profile, first[key])
+        for key in first
+    ]
     kernels.sort(key=lambda k: (k.lost_s is None, -(k.lost_s or 0.0), -k.count * k.roofline_s))
     census = Census(
         name=name,
@@ -567,15 +520,90 @@ def take(
         skipped=sum(k.measured_s is None for k in kernels),
         measure_s=measure_s,
     )
-    if not here:
-        census.notes.append(f"the target's device {device} is not this one ({timing.local_device()}): nothing measured")
+    _notes(census, plan, here)
     if original is not None and optimized is not None and seconds > 0:
         progress.begin("census", f"census: the original and the plan end to end ({seconds:g} s)")
         result = compare(original, optimized, args, seconds=seconds)
         census.original_s, census.plan_s, census.rounds = result.baseline_s, result.candidate_s, result.rounds
+    return census
+
+
+def _time(graph: Graph, first: dict[str, "_Unit"], wanted: timing.Wanted) -> float | None:
+    """A kernel class timed alone: an op of the table as the timing cache times it; an opaque primitive or a fused
+    group compiled as a program of its own."""
+    unit = first.get(wanted.key)
+    return _alone(graph, unit) if unit is not None and unit.kind != "kernel" else timing.measure_one(wanted)
+
+
+def _classes(graph: Graph) -> tuple[dict[str, "_Unit"], dict[str, int]]:
+    """Each kernel class's first occurrence, and how often the class occurs, by key."""
+    first: dict[str, _Unit] = {}
+    counts: dict[str, int] = {}
+    for unit in _units(graph):
+        key = _key(graph, unit)
+        first.setdefault(key, unit)
+        counts[key] = counts.get(key, 0) + 1
+    return first, counts
+
+
+def _notes(census: Census, plan: Plan, here: bool) -> None:
+    if not here:
+        census.notes.append(
+            f"the target's device {census.device} is not this one ({timing.local_device()}): nothing measured"
+        )
     if plan.fallback:
         census.notes.append(f"eqsat runs the original: {plan.fallback}")
-    return census
+
+
+def _wanted(graph: Graph, key: str, unit: "_Unit") -> timing.Wanted:
+    """A kernel class to time: its first occurrence's op (or the census's own unit of a non-kernel), as inputs."""
+    node = graph.nodes[unit.nodes[0]]
+    dtypes = tuple(graph.nodes[j].dtype for j in unit.inputs)
+    shapes = tuple(graph.nodes[j].shape for j in unit.inputs)
+    op = node.op if unit.kind == "kernel" else f"census:{unit.kind}"
+    return timing.Wanted(key, op, node.attrs, shapes, node.dtype, dtypes)
+
+
+def _seconds_of(entries: dict[str, float | None], key: str, roof: float) -> float | None:
+    """A kernel's measured seconds (too fast to measure: its roofline price); None where it was not measured."""
+    if key not in entries:
+        return None
+    return roof if entries[key] is None else entries[key]
+
+
+def _kernel(
+    graph: Graph,
+    key: str,
+    count: int,
+    roof: float,
+    alternatives: list[timing.Wanted],
+    ran: dict[str, int],
+    entries: dict[str, float | None],
+    profile: Profile,
+    unit: "_Unit",
+) -> Kernel:
+    """One row of the census: a kernel class, its times, and the alternative the plan runs in its place."""
+    kind_name, detail = _describe(graph, unit)
+    chosen = max(alternatives, key=lambda w: ran.get(w.key, 0), default=None)
+    chosen_count = ran.get(chosen.key, 0) if chosen is not None else 0
+    chosen_s = None
+    if chosen is not None and chosen_count:
+        chosen_s = _seconds_of(entries, chosen.key, _wanted_roofline(chosen, graph.nodes[unit.nodes[0]], profile))
+    where = graph.where.get(unit.nodes[0])
+    return Kernel(
+        key=key,
+        kind=unit.kind,
+        name=kind_name,
+        detail=detail,
+        count=count,
+        roofline_s=roof,
+        measured_s=_seconds_of(entries, key, roof),
+        alternatives=tuple(dict.fromkeys(w.op for w in alternatives)),
+        chosen=chosen.op if chosen_count and chosen is not None else "",
+        chosen_count=min(chosen_count, count),
+        chosen_s=chosen_s,
+        scope=where.scope if where else "",
+    )
 
 
 def _wanted_roofline(wanted: timing.Wanted, node: Node, profile: Profile) -> float:

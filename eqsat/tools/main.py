@@ -118,9 +118,19 @@ def fuzz(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eqsat", description="Equality-saturation optimizer for JAX.")
     commands = parser.add_subparsers(dest="command", required=True)
-    add_optimize_command(commands)
-    add_tune_command(commands)
-    add_profile_command(commands)
+    for add in (add_optimize_command, add_tune_command, add_profile_command, _add_demo, _add_compare, _add_calibrate):
+        add(commands)
+    rules = _add_rules(commands)
+    _add_fuzz(commands)
+    for p in (parser, *commands.choices.values(), *rules.choices.values()):
+        add_common_flags(p)
+    parser.set_defaults(verbose=0, progress=True)
+    args = parser.parse_args(argv)
+    configure_logging(args.verbose)
+    return args.run(args)
+
+
+def _add_demo(commands: Any) -> None:
     p = _command(
         commands,
         "demo",
@@ -133,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default="cpu", help="device profile to plan for")
     p.add_argument("--seconds", type=number(float, 0, above=True), default=3.0, help="timing budget per example")
     p.set_defaults(run=demo)
+
+
+def _add_compare(commands: Any) -> None:
     p = _command(
         commands,
         "compare",
@@ -144,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("plans", nargs="+", help="plan JSON files, and up to two census JSON files")
     p.add_argument("--html", metavar="OUT.html", help="also write a report of two plans, region by region")
     p.set_defaults(run=compare_plans)
+
+
+def _add_calibrate(commands: Any) -> None:
     p = _command(
         commands,
         "calibrate",
@@ -156,14 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", help="profile JSON to write (default: the user cache, where target 'cpu' finds it)")
     p.set_defaults(run=calibrate)
+
+
+def _add_rules(commands: Any) -> Any:
+    """`rules check`; returns the rules command's own subparsers (which take the common flags too)."""
     rules_examples = (
         "python -m eqsat rules check              # the built-in rules on random programs (about 90 s)\n"
         "python -m eqsat rules check my_rules.egg --examples 100\n"
         "python -m eqsat rules check --lead Conv --lead chain"
     )
     p = _command(commands, "rules", "rule tools", rules_examples)
-    p_rules = p.add_subparsers(dest="action", required=True)
-    p = _command(p_rules, "check", "verify the built-in rules plus FILEs on random programs", rules_examples)
+    actions = p.add_subparsers(dest="action", required=True)
+    p = _command(actions, "check", "verify the built-in rules plus FILEs on random programs", rules_examples)
     p.add_argument("files", nargs="*", metavar="FILE", help="rule files checked together with the built-in groups")
     p.add_argument("--examples", type=number(int, 1), default=400, help="random programs to saturate and check")
     p.add_argument(
@@ -171,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         "name such as Conv, or a rule pattern such as chain); default: every entry"
     )  # fmt: skip
     p.set_defaults(run=rules_check)
+    return actions
+
+
+def _add_fuzz(commands: Any) -> None:
     p = _command(
         commands,
         "fuzz",
@@ -186,12 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=number(int, 1), default=1, help="worker processes the cases are spread over")
     p.add_argument("--every", type=number(int, 1), default=100, help="print a progress line every EVERY cases")
     p.set_defaults(run=fuzz)
-    for p in (parser, *commands.choices.values(), *p_rules.choices.values()):
-        add_common_flags(p)
-    parser.set_defaults(verbose=0, progress=True)
-    args = parser.parse_args(argv)
-    configure_logging(args.verbose)
-    return args.run(args)
 
 
 def _command(commands: Any, name: str, help: str, examples: str) -> argparse.ArgumentParser:
