@@ -62,31 +62,11 @@ def calibrate(seconds_budget: float = 60, out: str | Path | None = None, scale: 
         """Seconds per call, less the fixed cost of a jitted call."""
         return max(median_time(jax.jit(fn), args, per) - call, 1e-9)
 
-    bandwidth = []
-    for mb in dims["bandwidth_mb"]:
-        x = jnp.ones(max(1024, int(mb * 2**20 / 4)), jnp.float32)
-        t = kernel(lambda x: x * 2 + 1, x)
-        bandwidth.append({"bytes": 2 * x.nbytes, "seconds": t, "bytes_per_s": 2 * x.nbytes / t})
-
-    gemm, peak = [], {}
-    for dtype in ("float32", "float64", "bfloat16"):
-        for n in dims["gemm"]:
-            row = _dot(kernel, (n, n, n), dtype)
-            if row is None:
-                break
-            gemm.append(row)
-            peak[dtype] = max(peak.get(dtype, 0.0), row["flops_per_s"])
-            if row["seconds"] > per / 4:  # a slow dtype (emulated): larger sizes would blow the budget
-                break
+    bandwidth = [_copy_rate(kernel, mb) for mb in dims["bandwidth_mb"]]
+    gemm, peak = _gemms(kernel, dims["gemm"], per)
     shapes = [*dims["gemv"], *dims["small"]]
     dots = [r for r in (_dot(kernel, s, "float32") for s in shapes) if r is not None]
-
-    conv = []
-    for xs, ws in dims["conv"]:
-        x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32) * 0.01
-        t = kernel(_conv, x, w)
-        flops = 2 * prod(xs[:3]) * prod(ws)  # SAME, stride 1: output N*H*W*C_out, each KH*KW*C_in
-        conv.append({"x": xs, "w": ws, "seconds": t, "flops_per_s": flops / t})
+    conv = [_conv_rate(kernel, xs, ws) for xs, ws in dims["conv"]]
 
     # per-kernel overhead: a dependent chain of small reductions (XLA cannot fuse a reduce into its consumer's
     # producer here); per-dot overhead: a chain of tiny dots. Both as (chain - single) / (n - 1).
@@ -114,6 +94,20 @@ def calibrate(seconds_budget: float = 60, out: str | Path | None = None, scale: 
         call_overhead=call,
     )
     overhead, fit = _fit_contraction_overhead(draft, gemm + dots)
+    measured = {"tiny_dot_overhead": tiny_dot, "fit": fit, "bandwidth": bandwidth, "gemm": gemm, "dots": dots}
+    profile = _profile_json(draft, overhead, rounding, scale, time.perf_counter() - start, {**measured, "conv": conv})
+    path = Path(out) if out is not None else calibrated_path("cpu")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile, indent=1, default=_jsonable))
+    profile["path"] = str(path)
+    return profile
+
+
+def _profile_json(
+    draft: Profile, overhead: float, rounding: float, scale: float, seconds: float, measured: dict[str, Any]
+) -> dict[str, Any]:
+    """The calibrated profile as written: the draft's fields, the fitted overheads, and the raw measurements under
+    "calibration"."""
     profile = {
         name: getattr(draft, name)
         for name in ("name", "description", "peak_flops", "bandwidth", "launch_overhead", "fuses_elementwise")
@@ -121,29 +115,50 @@ def calibrate(seconds_budget: float = 60, out: str | Path | None = None, scale: 
     profile.update(
         contraction_overhead=overhead,
         conv_peak_flops=draft.conv_peak_flops,
-        cache_bandwidth=cache_bw,
-        cache_bytes=cache_bytes,
-        call_overhead=call,
+        cache_bandwidth=draft.cache_bandwidth,
+        cache_bytes=draft.cache_bytes,
+        call_overhead=draft.call_overhead,
         narrow_rounding=rounding,
         calibration={
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "machine": f"{platform.node()} {platform.machine()} {platform.processor()} cpus={os.cpu_count()}",
             "jax": jax.__version__,
             "scale": scale,
-            "seconds": round(time.perf_counter() - start, 1),
-            "tiny_dot_overhead": tiny_dot,
-            "fit": fit,
-            "bandwidth": bandwidth,
-            "gemm": gemm,
-            "dots": dots,
-            "conv": conv,
+            "seconds": round(seconds, 1),
+            **measured,
         },
     )
-    path = Path(out) if out is not None else calibrated_path("cpu")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(profile, indent=1, default=_jsonable))
-    profile["path"] = str(path)
     return profile
+
+
+def _copy_rate(kernel: Callable[..., float], mb: float) -> dict[str, float]:
+    """Bandwidth of an elementwise pass over `mb` megabytes (read and written)."""
+    x = jnp.ones(max(1024, int(mb * 2**20 / 4)), jnp.float32)
+    t = kernel(lambda x: x * 2 + 1, x)
+    return {"bytes": 2 * x.nbytes, "seconds": t, "bytes_per_s": 2 * x.nbytes / t}
+
+
+def _gemms(kernel: Callable[..., float], sizes: list[int], per: float) -> tuple[list[dict], dict[str, float]]:
+    """Square GEMMs of each size and dtype, and each dtype's best rate; a slow (emulated) dtype stops early, where
+    larger sizes would blow the budget."""
+    gemm, peak = [], {}
+    for dtype in ("float32", "float64", "bfloat16"):
+        for n in sizes:
+            row = _dot(kernel, (n, n, n), dtype)
+            if row is None:
+                break
+            gemm.append(row)
+            peak[dtype] = max(peak.get(dtype, 0.0), row["flops_per_s"])
+            if row["seconds"] > per / 4:
+                break
+    return gemm, peak
+
+
+def _conv_rate(kernel: Callable[..., float], xs: tuple[int, ...], ws: tuple[int, ...]) -> dict[str, Any]:
+    x, w = jnp.ones(xs, jnp.float32), jnp.ones(ws, jnp.float32) * 0.01
+    t = kernel(_conv, x, w)
+    flops = 2 * prod(xs[:3]) * prod(ws)  # SAME, stride 1: output N*H*W*C_out, each KH*KW*C_in
+    return {"x": xs, "w": ws, "seconds": t, "flops_per_s": flops / t}
 
 
 def summary(profile: dict[str, Any]) -> str:
