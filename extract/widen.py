@@ -30,7 +30,10 @@ _WIDENED_CLASSES = (CostClass.ELEMENTWISE, CostClass.BITCAST)
 def widen(nodes: list["PlanNode"], roots: Sequence[int], profile: Profile) -> list["PlanNode"]:
     """The plan nodes (PlanNode) with `wide` set on those computed in float32, and their costs without the
     roundings saved; roots: the plan's results and effects, which read a value as it is typed."""
-    candidate = [_widenable(nodes, node) for node in nodes]
+    narrow = [False] * len(nodes)  # computed from a narrow value: rounded already, so rounding it again may be deferred
+    for i, node in enumerate(nodes):
+        narrow[i] = node.dtype in NARROW_FLOATS or any(narrow[j] for j in node.inputs)
+    candidate = [_widenable(nodes, node, narrow) for node in nodes]
     region = list(range(len(nodes)))  # union-find over widenable nodes joined by their edges
 
     def find(i: int) -> int:
@@ -61,16 +64,18 @@ def widen(nodes: list["PlanNode"], roots: Sequence[int], profile: Profile) -> li
     return out
 
 
-def _widenable(nodes: list["PlanNode"], node: "PlanNode") -> bool:
+def _widenable(nodes: list["PlanNode"], node: "PlanNode", narrow: list[bool]) -> bool:
     """A per-call elementwise op of the table computed from float inputs, with a narrow float result (its op follows
     its inputs' dtype, so that it computes in float32 on float32 inputs), or a Convert between a narrow float type
-    and float32 (in float32 it is the identity: a conversion up reads the unrounded value)."""
+    and float32 (in float32 it is the identity: a conversion up reads the unrounded value). A conversion down of a
+    value computed from no narrow value at all is the program's own quantization (`x.astype(bfloat16)` of a float32
+    input), which stays: `narrow`, per node, whether it is computed from a narrow value."""
     if node.weight or node.op not in OPS or OPS[node.op].structural or not node.inputs:
         return False
     floats = (*NARROW_FLOATS, WIDE)
     if not all(nodes[j].dtype in floats for j in node.inputs):
         return False
     if node.op == "Convert":
-        return node.dtype in floats
+        return node.dtype in floats and (node.dtype == WIDE or narrow[node.inputs[0]])
     spec = OPS[node.op]
     return node.dtype in NARROW_FLOATS and spec.cost_class in _WIDENED_CLASSES and spec.dtype_rule is None

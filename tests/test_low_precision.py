@@ -112,3 +112,22 @@ def test_a_widened_chain_before_a_contraction_is_kept():
     fast(x, w1, w2)
     plan = fast.plan(x, w1, w2)
     assert plan.widened() and plan.fallback is None
+
+
+def test_a_float32_value_the_program_rounds_to_bfloat16_stays_rounded():
+    """`x.astype(bfloat16)` of float32 data is the program's own quantization (fuzz seed 2034, case 162: the round
+    trip was dropped, and validation refused the plan); a chain after it in bfloat16 may still be widened."""
+
+    def quantized(x):
+        q = x.astype(jnp.bfloat16)
+        return q.astype(jnp.float32), _chain(q)
+
+    x = _normal(jnp.float32, 64, 32) * 3
+    fast = eqsat.optimize(quantized)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback warning: the plan is right
+        got = fast(x)
+    want = jax.jit(quantized)(x)
+    np.testing.assert_array_equal(got[0], want[0])
+    assert float(jnp.max(_ulps(got[1], _chain(x.astype(jnp.bfloat16).astype(jnp.float32))))) <= NARROW_ULPS
+    assert fast.plan(x).widened()  # the chain on the rounded value is computed in float32
