@@ -20,9 +20,9 @@ _PARTITIONING = ("shard_map", "sharding_constraint")
 _COLLECTIVE = re.compile(r"= [^=]*?\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) [^\n]*\{\n(.*?)^\}", re.M | re.S)  # name, body
 _CALLED = re.compile(r"%([\w.\-]+)")
-_FLAG_REDUCE = re.compile(r"\s*%\S+ = pred\[\] all-reduce(?:-start)?\(")  # one flag reduced over the devices
-# branch 0 of a cond is its false branch: the guard's fallback
-_FALLBACK_BRANCH = re.compile(r"(?:branch_computations=\{%|false_computation=%)([\w.\-]+)")
+_FLAG_REDUCE = re.compile(r"\s*%\S+ = (?:pred|f32)\[\] all-reduce(?:-start)?\(")  # the guard's check over the devices
+# the guard's fallback: its loop's body, or branch 0 of a cond (its false branch; the guard's derivatives)
+_FALLBACK_BRANCH = re.compile(r"(?:branch_computations=\{%|false_computation=%|\bbody=%)([\w.\-]+)")
 
 
 def body_tracing(call: Opaque) -> contextlib.AbstractContextManager[Any]:
@@ -51,7 +51,7 @@ def collectives(hlo_text: str) -> Counter[str]:
         match.group(1)
         for lines in bodies.values()
         for line in lines
-        if "conditional(" in line and OVERFLOW_GUARD in line
+        if ("conditional(" in line or " while(" in line) and OVERFLOW_GUARD in line
         for match in [_FALLBACK_BRANCH.search(line)]
         if match
     ]
