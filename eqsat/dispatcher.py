@@ -16,10 +16,8 @@ switch to it once it is ready. Under an outer transformation (jax.grad, an enclo
 """
 
 import contextlib
-import copy
 import functools
 import logging
-import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -28,17 +26,12 @@ from concurrent.futures import Future
 from typing import Any
 
 import jax
-from jax._src import (
-    config,
-    source_info_util,  # register_exclusion: jax names the user's line, not eqsat's
-)
-from jax._src import core as jax_core  # the trace a body runs under, to tell a call on values from an outer trace
+from jax._src import config
 
-import eqsat.backends
-import eqsat.extract
-from eqsat import background, validate
+from eqsat import background, guard, validate
 from eqsat.budget import check_budget
 from eqsat.errors import EqsatError, EqsatWarning
+from eqsat.jit_dispatch import JitDispatch, called_eagerly, inlined, unexplained
 from eqsat.options import Options
 from eqsat.plan_cache import Handoff, PerThread, SharedPlans, per_thread, shared_plans
 from eqsat.plan_life import Entry, Event, State, Verdict
@@ -47,51 +40,6 @@ from eqsat.sharding import partitioned
 from eqsat.signature import Signature, concrete, examples, signature_of, threads_share
 
 log = logging.getLogger("eqsat")
-
-
-class _Dispatch:
-    """jax.jit's fast path over a tracing body; reset() starts a fresh trace cache (after a fallback), fresh() a
-    new dispatch beside it (one the planning thread compiles a plan in, before the calls switch to it).
-
-    The body carries fun's signature (functools.wraps), so jax.jit resolves static_argnames and donate_argnames
-    against the user's function exactly as it would for jax.jit(fun)."""
-
-    def __init__(
-        self, body: Callable[..., Any], fun: Callable[..., Any], jit_options: dict[str, Any], plans: SharedPlans
-    ) -> None:
-        # the body (a method of the Optimized) held weakly: no cycle, so that dropping the Optimized frees what
-        # the function closes over at once, as dropping a jax.jit object does
-        self.body, self.fun, self.jit_options, self.plans = weakref.WeakMethod(body), fun, jit_options, plans
-        self.donates = bool(jit_options.get("donate_argnums") or jit_options.get("donate_argnames"))
-        self.reset()
-
-    def reset(self) -> None:
-        self.landings = self.plans.landings  # the plans built in the background that this trace cache can run
-        ref, dispatch = self.body, weakref.ref(self)  # weakly, as the body: no cycle through the jax.jit
-        body = functools.wraps(self.fun, updated=())(lambda *args, **kwargs: ref()(dispatch(), *args, **kwargs))
-        self.run = jax.jit(body, **self.jit_options)
-
-    def fresh(self) -> "_Dispatch":
-        new = copy.copy(self)
-        new.reset()
-        return new
-
-
-# a cache miss's explanation (jax_explain_cache_misses) and a traced equation's source name the user's line
-for _package in (eqsat, eqsat.backends, eqsat.extract):
-    source_info_util.register_exclusion(os.path.join(os.path.dirname(_package.__file__), ""))
-
-
-def _unexplained(method: Callable[..., Any]) -> Callable[..., Any]:
-    """eqsat's own traces (capturing, planning, validating, timing, compiling a plan) explain no cache miss: with
-    jax_explain_cache_misses on, a call explains its own trace, once, as jax.jit's call does."""
-
-    @functools.wraps(method)
-    def quiet(*args: Any, **kwargs: Any) -> Any:
-        with config.explain_cache_misses(False):
-            return method(*args, **kwargs)
-
-    return quiet
 
 
 class Dispatcher:
@@ -104,8 +52,8 @@ class Dispatcher:
         self.cache = self.plans.entries  # (signature, prepared) -> entry
         self.planner = Planner(fun, options, self.plans.saturated)
         self._pending = PerThread()  # what this thread's calls built or ran and have not settled yet
-        self.dispatch = _Dispatch(self._traced, fun, options.dispatch_options(), self.plans)
-        self._warm: _Dispatch | None = None  # a dispatch with a plan built in the background compiled in it
+        self.dispatch = JitDispatch(self._traced, fun, options.dispatch_options(), self.plans)
+        self._warm: JitDispatch | None = None  # a dispatch with a plan built in the background compiled in it
         self.quiet: int | None = None  # the plans' epoch at which these calls last owed nothing
 
     def clear(self) -> None:
@@ -152,6 +100,8 @@ class Dispatcher:
         path until the epoch moves again."""
         if raced or self.owed():
             out = self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out, raced=raced)
+        if self.plans.measuring:
+            self._measure_live(args, kwargs)
         epoch = self.plans.epoch  # read before the checks: a move after it leaves the fast path off
         if not self.owed() and self.dispatch.landings == self.plans.landings:
             self.quiet = epoch
@@ -159,7 +109,7 @@ class Dispatcher:
 
     def owed(self) -> bool:
         """Whether a call owes work: a plan unvalidated (by any thread), or this thread's budget to check."""
-        return bool(self.plans.unchecked or self._unvalidated or self._unbudgeted)
+        return bool(self.plans.unchecked or self.plans.measuring or self._unvalidated or self._unbudgeted)
 
     def compared(self, entry: Entry, flat: list[Any]) -> None:
         """An entry `prepare` runs (eqsat/prepare.py), compared on flat now; it times the plan itself, as it runs it
@@ -167,6 +117,38 @@ class Dispatcher:
         if entry in self._unvalidated:
             self._unvalidated.remove(entry)
         self._validate(entry, flat, measure=False)
+
+    @unexplained
+    def _measure_live(self, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Where the guard was undecided on this call's signature, one call in guard.LIVE_EVERY times both programs
+        on its arguments, one more round (the program the dispatch runs as it runs it, the other one alone); once
+        the rounds decide, the entry settles, and every dispatch of these plans traces again where what runs
+        changed."""
+        flat, signature = self.signature(args, kwargs)
+        entry = self.cache.get((signature, False))
+        if entry is None or id(entry) not in self.plans.measuring or self.dispatch.donates or not concrete(flat):
+            return
+        entry.live_calls += 1
+        if entry.live_calls % guard.LIVE_EVERY or not entry.lock.acquire(blocking=False):
+            return
+        try:
+            if not entry.undecided:  # settled by another thread's call meanwhile
+                return
+            dispatched = functools.partial(self.dispatch.run, *args, **kwargs)
+            other = functools.partial(
+                validate.compiled_original(entry) if entry.state is State.TRIAL else entry.runs, *flat
+            )
+            optimized, original = (dispatched, other) if entry.state is State.TRIAL else (other, dispatched)
+            runs = entry.call
+            with jax.core.eval_context():
+                entry.apply(validate.timed_live(self.planner, entry, optimized, original))
+            if not entry.undecided:
+                self.plans.measuring.discard(id(entry))
+                entry.reference = None
+                if entry.call is not runs:
+                    self.plans.land()  # every dispatch of these plans traces it again
+        finally:
+            entry.lock.release()
 
     def _switch_dispatch(self) -> None:
         """To the dispatch the planning thread compiled a plan in, where it did; else a fresh trace cache."""
@@ -176,7 +158,7 @@ class Dispatcher:
         else:
             warm.landings, self.dispatch = self.plans.landings, warm
 
-    def _traced(self, dispatch: _Dispatch, *args: Any, **kwargs: Any) -> Any:
+    def _traced(self, dispatch: JitDispatch, *args: Any, **kwargs: Any) -> Any:
         """The body `dispatch` traces: look up (or build) the plan for these abstract values and inline it."""
         if jax.config.jax_disable_jit:  # jax.jit calls its body on the values: the function runs op by op
             return self.fun(*args, **kwargs)
@@ -184,7 +166,7 @@ class Dispatcher:
         flat, signature = self.signature(args, kwargs)
         # with background on, a call's own trace on concrete arguments (not one an outer transformation or `.lower`
         # keeps), under no context of this thread's own, may leave its plan to the planning thread
-        tiered = self.options.background and not self._pending.staged and _called_eagerly()
+        tiered = self.options.background and not self._pending.staged and called_eagerly()
         tiered = tiered and threads_share(signature)
         with jax.core.eval_context():  # planning runs on plain values, outside this trace
             entry = self.entry(signature, tiered=tiered)
@@ -217,7 +199,7 @@ class Dispatcher:
         finally:
             self._pending.staged -= 1
 
-    @_unexplained
+    @unexplained
     def _settle(
         self,
         stage: Callable[[Any], Any],
@@ -282,7 +264,7 @@ class Dispatcher:
 
     _unbudgeted = per_thread("unbudgeted", "The plans this thread built since its last budget check.")
 
-    @_unexplained
+    @unexplained
     def entry(self, signature: Signature, prepared: bool = False, tiered: bool = False) -> Entry:
         """The entry of this signature and mode, built by one thread while the others that need it wait.
 
@@ -326,7 +308,7 @@ class Dispatcher:
         job.add_done_callback(functools.partial(_failed, weakref.ref(self.plans)))  # keeps no plan alive
         return self.planner.pending_entry(signature, captured, job)
 
-    @_unexplained
+    @unexplained
     def _background_plan(self, signature: Signature, prepared: bool, captured: Captured, call: tuple | None) -> Entry:
         """On the planning thread: the plan built, validated and timed on the first call's arguments (`call`; on
         examples where they were donated), compiled as the dispatch runs it in a fresh dispatch the calls switch
@@ -341,8 +323,8 @@ class Dispatcher:
                 with jax.core.eval_context():  # as the guard times it: one compile (compile-time eval keys apart)
                     got = jax.block_until_ready(run())
                 self._validate(entry, flat, got, ran=run)
-        if entry.call is entry.original:  # nothing to switch to: the calls' traces run the original already
-            return entry
+        if entry.call is entry.original and not entry.undecided:  # nothing to switch to: the calls' traces run
+            return entry  # the original already (undecided, its calls time it: they find it in the cache)
         key = (signature, prepared)
         warm = self._compiled(key, entry, call) if entry.validated and call is not None else None
         with self.plans.building(signature):
@@ -354,7 +336,7 @@ class Dispatcher:
         self.plans.land()
         return entry
 
-    def _compiled(self, key: tuple, entry: Entry, call: tuple) -> _Dispatch | None:
+    def _compiled(self, key: tuple, entry: Entry, call: tuple) -> JitDispatch | None:
         """A fresh dispatch with the entry's plan traced and compiled in it, by a call on `call`'s arguments
         (the trace takes this entry, not the cache's: it is installed once compiled)."""
         warm = self.dispatch.fresh()
@@ -401,7 +383,7 @@ class Dispatcher:
         if not entry.validated and entry not in self._unvalidated:
             self._unvalidated.append(entry)
 
-    @_unexplained
+    @unexplained
     def _validate(
         self,
         entry: Entry,
@@ -432,10 +414,13 @@ class Dispatcher:
                         self.dispatch.reset()
             if measure and entry.state is State.VALIDATED:
                 entry.apply(self._timed(entry, flat, got, ran))
+                if entry.undecided:
+                    self.plans.measuring.add(id(entry))
             if entry.state is not before:
                 if entry.call is entry.original and entry.traced:  # before the plan counts as validated: no
                     self.dispatch.reset()  # call finds its trace
-                entry.reference = None  # an executable of its own, not kept
+                if not entry.undecided:  # an executable of its own, kept only while live calls time it
+                    entry.reference = None
                 self.plans.unchecked.discard(id(entry))
         return entry.mismatched
 
@@ -451,20 +436,6 @@ class Dispatcher:
         plan_call = ran or (lambda: optimized(*flat))
         warm = ran is not None or got is None  # both ran on flat: the original in the comparison, the plan there
         return validate.timed(self.planner, entry, plan_call, lambda: original(*flat), warm)  # or in the call
-
-
-_JITTED = type(jax.jit(lambda: None))
-
-
-def inlined(call: Callable[..., Any]) -> Callable[..., Any]:
-    """What a jax.jit of ours wraps, for the dispatch's trace to hold the program itself: a jax.jit nested in it
-    kept a trace and a lowering of its own per signature (a 6-layer MLP at 180 batch sizes: +7 MB)."""
-    return call.__wrapped__ if isinstance(call, _JITTED) else call
-
-
-def _called_eagerly() -> bool:
-    """Whether the trace running now is jax.jit's of a call on values (not under an outer transformation)."""
-    return isinstance(getattr(jax_core.trace_ctx.trace, "parent_trace", None), jax_core.EvalTrace)
 
 
 def _plan_weakly(

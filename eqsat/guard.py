@@ -5,22 +5,30 @@ interleaved rounds (eqsat.measure.compare) within Limits.guard_seconds, and afte
 whether the plan was faster (or slower) in more rounds than chance allows on a machine where the two are equal:
 on a shared machine one round can be off by 30 %, so a round is one vote, never a measure of the gain. The rounds
 stop as soon as the test decides with CONFIDENCE. A plan decided faster is kept; one decided slower is refused,
-and the refusal is stored with the plan (a later process runs the original at once). An undecided measurement is
-no refusal: a plan the cost model predicts clearly faster (CLEAR_PREDICTION) whose rounds leaned its way keeps
-running; otherwise the original runs in this process, and a later process measures again.
+and the refusal is stored with the plan (a later process runs the original at once).
+
+An undecided measurement (a program of 0.5 s fits three rounds in the budget) is no refusal: the live calls go on
+measuring. Meanwhile a plan the cost model predicts clearly faster (CLEAR_PREDICTION) whose rounds leaned its way
+runs, otherwise the original does; one call in LIVE_EVERY also runs both programs, timed, as one more round of the
+same test, until it decides or LIVE_ROUNDS rounds have run (then the median decides, and no refusal is stored).
 """
 
 import math
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
-from eqsat.measure import compare
+import jax
+
+from eqsat.measure import Comparison, compare
 
 # the budget's default; tests set it to 0 (tests/conftest.py), since timing there depends on the machine's load
 DEFAULT_SECONDS = float(os.environ.get("EQSAT_GUARD_SECONDS", "0.3"))
 CONFIDENCE = 0.99  # one-sided: 7 of 7 rounds, 10 of 11, 12 of 14, ...
 CLEAR_PREDICTION = 1.5  # predicted speed-up above which an undecided plan keeps running
+LIVE_EVERY = 8  # while undecided, one call in this many also times both programs (a round)
+LIVE_ROUNDS = 40  # rounds after which an undecided measurement settles on its median
 
 
 def sign_test(faster: int, rounds: int) -> tuple[str, float]:
@@ -57,9 +65,40 @@ def measure(
     result = compare(
         original, optimized, (), seconds=seconds, round_seconds=seconds / 40, warm=warm, min_rounds=3, decided=_decided
     )
+    rounds = list(zip(result.baseline_times, result.candidate_times, strict=True))
+    return _judged(rounds, predicted, source="first call")
+
+
+def live_round(original: Callable[[], Any], optimized: Callable[[], Any], optimized_first: bool) -> tuple[float, float]:
+    """One round on a live call's arguments: each program once, blocked (the order alternating between rounds);
+    the seconds of the original and of the plan."""
+    seconds = {}
+    for fn in (optimized, original)[:: 1 if optimized_first else -1]:
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        seconds[fn] = time.perf_counter() - start
+    return seconds[original], seconds[optimized]
+
+
+def with_round(measured: dict[str, Any], seconds: tuple[float, float]) -> dict[str, Any]:
+    """The measurement with one more round from a live call: (original, plan) seconds."""
+    return _judged([*map(tuple, measured["rounds_s"]), seconds], measured["predicted"], source="live calls")
+
+
+def _judged(rounds: list[tuple[float, float]], predicted: float, source: str) -> dict[str, Any]:
+    """What (original, plan) seconds per round say: the sign test's decision, whether the plan runs (`kept`) and
+    whether live calls go on measuring (`live`). Past LIVE_ROUNDS undecided rounds the median decides (`settled`),
+    storing no refusal."""
+    original, plan = [o for o, _ in rounds], [p for _, p in rounds]
+    result = Comparison.of(original, plan, [o / max(p, 1e-12) for o, p in rounds])
     decision, confidence = sign_test(result.faster_rounds, result.rounds)
-    leaning = result.faster_rounds * 2 > result.rounds
-    kept = decision == "faster" or (decision == "undecided" and predicted >= CLEAR_PREDICTION and leaning)
+    settled = decision == "undecided" and result.rounds >= LIVE_ROUNDS
+    if decision != "undecided":
+        kept = decision == "faster"
+    elif settled:
+        kept = result.ratio >= 1
+    else:  # meanwhile: the plan where the model calls it clear and the rounds lean its way
+        kept = predicted >= CLEAR_PREDICTION and result.faster_rounds * 2 > result.rounds
     return {
         "ratio": result.ratio,  # original time / plan time, the median of the rounds
         "ratio_low": result.ratio_low,
@@ -72,25 +111,33 @@ def measure(
         "original_s": result.baseline_s,
         "optimized_s": result.candidate_s,
         "kept": kept,
+        "live": decision == "undecided" and not settled,  # live calls go on measuring
+        "source": source,  # where the last round came from: the first call's measurement, or live calls
+        "rounds_s": [[float(f"{o:.4g}"), float(f"{p:.4g}")] for o, p in rounds],
     }
 
 
 def describe(measured: dict[str, Any]) -> str:
+    """The measurement and the decision in a sentence (Plan.measured; the plan's fallback where the original runs)."""
     decision = measured.get("decision", "faster" if measured["kept"] else "slower")
-    if decision == "undecided":
-        verdict = f"undecided ({measured['confidence']:.0%} confident); " + (
-            f"predicted {measured['predicted']:.2f}x: kept"
-            if measured["kept"]
-            else "the original runs in this process, measured again in the next"
+    runs = "the plan runs" if measured["kept"] else "the original runs"
+    if measured.get("live"):
+        verdict = (
+            f"undecided ({measured['confidence']:.0%} confident): {runs}"
+            + (f" (predicted {measured['predicted']:.2f}x)" if measured["kept"] else "")
+            + f" while one call in {LIVE_EVERY} measures both"
         )
+    elif decision == "undecided":
+        verdict = f"undecided after {measured['rounds']} rounds: the median decides, {runs} (no refusal stored)"
     elif measured["kept"]:
         verdict = f"faster with {measured['confidence']:.0%} confidence: kept"
     else:
         verdict = f"slower with {measured['confidence']:.0%} confidence: the original runs"
+    source = " (the last on live calls)" if measured.get("source") == "live calls" else ""
     return (
         f"measured {measured['ratio']:.2f}x against the original (IQR {measured['ratio_low']:.2f}-"
         f"{measured['ratio_high']:.2f}; faster in {measured.get('faster_rounds', '?')} of {measured['rounds']} "
-        f"interleaved rounds; original {measured['original_s'] * 1e3:.3f} ms, plan "
+        f"interleaved rounds{source}; original {measured['original_s'] * 1e3:.3f} ms, plan "
         f"{measured['optimized_s'] * 1e3:.3f} ms): {verdict}"
     )
 

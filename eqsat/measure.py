@@ -18,6 +18,8 @@ class Comparison:
     ratio_high: float  # 75th percentile
     rounds: int
     faster_rounds: int  # rounds in which the candidate was faster
+    baseline_times: tuple[float, ...] = ()  # seconds per call in each round
+    candidate_times: tuple[float, ...] = ()
 
     @classmethod
     def of(cls, base: list[float], cand: list[float], ratios: list[float]) -> "Comparison":
@@ -25,7 +27,8 @@ class Comparison:
         quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
         faster = sum(r > 1 for r in ratios)
         median = statistics.median
-        return cls(median(base), median(cand), median(ratios), quartiles[0], quartiles[2], len(ratios), faster)
+        medians = median(base), median(cand), median(ratios)
+        return cls(*medians, quartiles[0], quartiles[2], len(ratios), faster, tuple(base), tuple(cand))
 
     def __str__(self) -> str:
         return (

@@ -21,6 +21,8 @@ class SharedPlans:
     # entries built and not validated yet: a call in any thread may run one (jax.jit's trace cache is shared), so
     # while this is not empty every call settles its own signature's entry
     unchecked: set[int] = field(default_factory=set)
+    # entries whose timing was undecided (eqsat/guard.py): while this is not empty, calls time them on live calls
+    measuring: set[int] = field(default_factory=set)
     builds: int = 0  # how many entries were built unvalidated: a call during which it changed settles itself
     # how many plans built in the background became ready to run (or failed): a dispatch that has seen fewer
     # traces again, so that its next call runs them
@@ -55,6 +57,7 @@ class SharedPlans:
         self.entries.clear()
         self.saturated.clear()
         self.unchecked.clear()
+        self.measuring.clear()
 
 
 @dataclass(eq=False)

@@ -6,11 +6,14 @@
                            built -mismatched-> original      validated -slower | fell back-> original
                            built -replanned-> built          validated -unmerged-> validated
  (new) -unplanned-> original                                 built -trusted-> kept   (validation off)
+ validated -leaning-> trial  -kept-> kept      validated -undecided-> measuring -kept-> kept
+                      trial  -slower-> original                       measuring -slower-> original
  built | original -stored-> (the same)      built | kept | original -refitted-> built | kept | kept
  any state -cleared-> cleared
 ```
 
-`built`, `validated` and `kept` run the plan; `building`, `original` and `cleared` run the original. Validation,
+`built`, `validated`, `trial` and `kept` run the plan; `building`, `measuring`, `original` and `cleared` run the
+original. In `trial` and `measuring` the guard was undecided: live calls go on timing both (eqsat/guard.py). Validation,
 the guard and the memory budget return verdicts (eqsat/validate.py, eqsat/budget.py); the calls' side
 (eqsat/dispatcher.py) applies them here, so that what an entry runs changes in this module only. `stored` records
 that the plan (or its refusal) was written to the plan store (eqsat/plan_store.py).
@@ -32,6 +35,8 @@ class State(enum.Enum):
     BUILDING = "building"  # its plan is built in the background; the original runs meanwhile
     BUILT = "built"  # a plan that runs, not compared with the original yet
     VALIDATED = "validated"  # the same results as the original; its time not measured yet
+    TRIAL = "trial"  # validated, its timing undecided but leaning its way: the plan runs while live calls measure
+    MEASURING = "measuring"  # validated, its timing undecided: the original runs while live calls measure
     KEPT = "kept"  # validated and not slower (or validation off): the plan runs
     ORIGINAL = "original"  # the original runs; plan.fallback (or nothing to gain) says why
     CLEARED = "cleared"  # forgotten (clear_cache), or its plan built in the background took its place
@@ -51,12 +56,14 @@ class Event(enum.Enum):
     FELL_BACK = "fell back"  # its collectives differ from jax.jit's even unmerged
     KEPT = "kept"  # measured not slower than the original (or not measured)
     SLOWER = "slower"  # measured slower than the original
+    LEANING = "leaning"  # measured undecided, leaning its way and predicted clearly faster: runs, measured on
+    UNDECIDED = "undecided"  # measured undecided otherwise: the original runs, both measured on
     REFITTED = "refitted"  # over the memory budget: runs as rematerialized segments
     LANDED = "landed"  # the plan built in the background took its place
     CLEARED = "cleared"  # forgotten by clear_cache
 
 
-_RUN_PLAN = (State.BUILT, State.VALIDATED, State.KEPT)
+_RUN_PLAN = (State.BUILT, State.VALIDATED, State.TRIAL, State.KEPT)
 # (state, event) -> the state after it; nothing else may happen to an entry
 TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.NEW, Event.PENDING): State.BUILDING,
@@ -73,6 +80,10 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
     (State.VALIDATED, Event.FELL_BACK): State.ORIGINAL,
     (State.VALIDATED, Event.KEPT): State.KEPT,
     (State.VALIDATED, Event.SLOWER): State.ORIGINAL,
+    (State.VALIDATED, Event.LEANING): State.TRIAL,
+    (State.VALIDATED, Event.UNDECIDED): State.MEASURING,
+    **{(state, Event.KEPT): State.KEPT for state in (State.TRIAL, State.MEASURING)},
+    **{(state, Event.SLOWER): State.ORIGINAL for state in (State.TRIAL, State.MEASURING)},
     (State.BUILT, Event.REFITTED): State.BUILT,
     (State.KEPT, Event.REFITTED): State.KEPT,
     (State.ORIGINAL, Event.REFITTED): State.KEPT,
@@ -119,6 +130,7 @@ class Entry:
     captured: Any = None  # the program its background job plans (the job holds it weakly)
     state: State = State.NEW
     history: list[Event] = field(default_factory=list)
+    live_calls: int = 0  # calls since the guard was undecided (trial, measuring): one in guard.LIVE_EVERY times both
 
     def move(self, *events: Event, plan: Plan | None = None, runs: Callable[..., list[Any]] | None = None) -> "Entry":
         """The transitions `events`, in order (with the plan and program the last brings, where it brings them);
@@ -140,6 +152,11 @@ class Entry:
     def call(self) -> Callable[..., list[Any]]:
         """What a trace of this signature runs: the plan's program, or the original."""
         return self.runs if self.state in _RUN_PLAN and self.runs is not None else self.original
+
+    @property
+    def undecided(self) -> bool:
+        """Its timing was undecided: live calls go on timing both programs (eqsat/guard.py)."""
+        return self.state in (State.TRIAL, State.MEASURING)
 
     @property
     def validated(self) -> bool:

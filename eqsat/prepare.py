@@ -9,8 +9,9 @@ from jax._src import config
 
 from eqsat import validate
 from eqsat.backends.lower import overflow_guarded, with_weights
-from eqsat.dispatcher import Dispatcher, inlined
+from eqsat.dispatcher import Dispatcher
 from eqsat.ir import Role
+from eqsat.jit_dispatch import inlined
 from eqsat.plan_life import Event, State
 from eqsat.signature import aval_key, merge_params
 

@@ -165,9 +165,9 @@ def keep_collectives(planner: Planner, entry: Entry, flat: list[Any]) -> Verdict
 def timed(
     planner: Planner, entry: Entry, optimized: Callable[[], Any], original: Callable[[], Any], warm: bool = False
 ) -> Verdict:
-    """Kept or slower, after timing the plan against the original within Limits.guard_seconds (once per plan;
-    the plan records what was measured, and where it is not kept, why the original runs). `warm`: both have run
-    on these arguments already."""
+    """Kept, slower or undecided, after timing the plan against the original within Limits.guard_seconds (once
+    per plan; the plan records what was measured, and where it is not kept, why the original runs). `warm`: both
+    have run on these arguments already."""
     if entry.plan.measured is None:
         progress.begin("measure", "measure the plan against the original")
         # outside any caller's trace, as the call that gave the results ran (compile-time evaluation would key
@@ -176,14 +176,33 @@ def timed(
             entry.plan.measured = guard.measure(
                 original, optimized, planner.options.limits.guard_seconds, warm, entry.plan.predicted_speedup
             )
-        if not entry.plan.measured["kept"]:
-            entry.plan.fallback = guard.describe(entry.plan.measured)
-            log.info("eqsat: %s: %s", planner.name, entry.plan.fallback)
-            # measured slower with confidence: a later process runs the original at once (undecided: it measures)
-            if entry.key and guard.refused_for_good(entry.plan.measured):
-                plan_store.save(entry.key, entry.plan, planner.options.profile)
-                return Verdict((Event.SLOWER, Event.STORED))
-    return Verdict((Event.KEPT,) if entry.plan.measured["kept"] else (Event.SLOWER,))
+    return _judged(planner, entry)
+
+
+def timed_live(planner: Planner, entry: Entry, optimized: Callable[[], Any], original: Callable[[], Any]) -> Verdict:
+    """One more round of an undecided plan's timing, on a live call's arguments: the verdict once the rounds
+    decide (or settle), else none (an empty verdict)."""
+    measured = entry.plan.measured
+    seconds = guard.live_round(original, optimized, optimized_first=measured["rounds"] % 2 == 0)
+    entry.plan.measured = guard.with_round(measured, seconds)
+    return Verdict(()) if entry.plan.measured["live"] else _judged(planner, entry)
+
+
+def _judged(planner: Planner, entry: Entry) -> Verdict:
+    """The verdict the plan's measurement gives: kept, slower (stored where measured slower with confidence) or
+    undecided (the plan or the original running while live calls measure on)."""
+    measured = entry.plan.measured
+    entry.plan.fallback = None if measured["kept"] else guard.describe(measured)
+    if measured.get("live"):
+        log.info("eqsat: %s: %s", planner.name, guard.describe(measured))
+        return Verdict((Event.LEANING,) if measured["kept"] else (Event.UNDECIDED,))
+    if measured["kept"]:
+        return Verdict((Event.KEPT,))
+    log.info("eqsat: %s: %s", planner.name, entry.plan.fallback)
+    if entry.key and guard.refused_for_good(measured):  # a later process runs the original at once
+        plan_store.save(entry.key, entry.plan, planner.options.profile)
+        return Verdict((Event.SLOWER, Event.STORED))
+    return Verdict((Event.SLOWER,))
 
 
 def _reference_results(entry: Entry, flat: list[Any]) -> list[Any]:

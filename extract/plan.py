@@ -153,8 +153,8 @@ class Plan:
             lines.append(f"  measured         {guard.describe(self.measured)}")
         if self.overflow_guard and not self.fallback:
             lines.append(
-                "  overflow guard   guarded: rewritten values checked for inf/NaN on device, the original run where "
-                f"any is (@real rules fired: {', '.join(self.overflow_guard)})"
+                "  overflow guard   guarded: rewritten values checked for inf/NaN (or all zero) on device, the original"
+                f" run where any is (@real rules fired: {', '.join(self.overflow_guard)})"
             )
         if self.fallback:
             lines.append(f"  FALLBACK         {self.fallback}")

@@ -10,6 +10,7 @@ import pytest
 import eqsat
 from eqsat import guard
 from eqsat.measure import Comparison
+from eqsat.plan_life import Event, State
 
 GUARDED = eqsat.Limits(guard_seconds=0.05, measure_seconds=0)
 
@@ -83,7 +84,7 @@ def test_an_undecided_measurement_of_a_marginal_prediction_runs_the_original_but
     monkeypatch.setattr(guard, "CLEAR_PREDICTION", 1e9)  # no prediction is clear
     plan, runs_plan = _guarded_plan(64)
     assert plan.measured["decision"] == "undecided" and not plan.measured["kept"] and not runs_plan
-    assert "measured again in the next" in plan.fallback and not guard.refused_for_good(plan.measured)
+    assert "while one call in 8 measures both" in plan.fallback and not guard.refused_for_good(plan.measured)
 
 
 def test_the_sign_test_decides_both_ways_and_only_past_chance():
@@ -128,3 +129,74 @@ def test_a_zero_budget_measures_nothing():
     args = _args(64)
     fast(*args)
     assert fast.plan(*args).measured is None and fast.plan(*args).fallback is None
+
+
+def _live_clock(monkeypatch: pytest.MonkeyPatch, ratios: list[float]) -> list[int]:
+    """Live calls' rounds give these ratios in turn (both programs run, as the real round runs them)."""
+    rounds, calls = iter(ratios), []
+
+    def live_round(original: Any, optimized: Any, optimized_first: bool) -> tuple[float, float]:
+        calls.append(1)
+        original(), optimized()
+        return 1e-3, 1e-3 / next(rounds)
+
+    monkeypatch.setattr(guard, "live_round", live_round)
+    return calls
+
+
+def _called(fast: Any, args: list[Any], times: int) -> Any:
+    for _ in range(times):
+        np.testing.assert_allclose(fast(*args), (args[0] @ args[1]) @ args[2], rtol=2e-3, atol=1e-2)
+    return next(iter(fast._calls.cache.values()))
+
+
+def test_an_undecided_plan_runs_on_and_live_calls_decide_it_faster(monkeypatch):
+    """Issue 27: an undecided measurement is no refusal; one call in LIVE_EVERY times both until the test decides."""
+    _clock(monkeypatch, NOISY)
+    live = _live_clock(monkeypatch, FASTER * 3)
+    fast = eqsat.optimize(_chain(), limits=GUARDED)
+    args = _args(256)
+    entry = _called(fast, args, 1)
+    assert entry.state is State.TRIAL and entry.call is not entry.original  # predicted clearly faster: it runs
+    entry = _called(fast, args, guard.LIVE_EVERY * 12)
+    plan = fast.plan(*args)
+    assert entry.state is State.KEPT and plan.measured["decision"] == "faster" and plan.fallback is None
+    assert plan.measured["source"] == "live calls" and plan.measured["rounds"] == 10 + len(live)
+    assert 5 <= len(live) < 12 and "the last on live calls" in guard.describe(plan.measured)
+    calls = fast._calls
+    assert not calls.plans.measuring and not calls.owed()  # settled: calls take jax.jit's path again
+    fast(*args)
+    assert calls.quiet == calls.plans.epoch and len(live) < 12
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_an_undecided_plan_the_original_runs_for_is_refused_once_live_calls_find_it_slower(
+    monkeypatch, tmp_path, background
+):
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EQSAT_PLAN_STORE", "on")
+    _clock(monkeypatch, NOISY)
+    _live_clock(monkeypatch, SLOWER * 3)
+    monkeypatch.setattr(guard, "CLEAR_PREDICTION", 1e9)  # no prediction is clear: the original runs meanwhile
+    fast = eqsat.optimize(_chain(), limits=GUARDED, background=background)
+    args = _args(64)
+    fast(*args)
+    fast.plan(*args)  # built in the background: the original ran the first call, and runs while measured
+    assert _called(fast, args, 1).state is State.MEASURING
+    entry = _called(fast, args, guard.LIVE_EVERY * 20)  # 6 of 10 rounds faster first: 15 slower ones decide
+    plan = fast.plan(*args)
+    assert entry.state is State.ORIGINAL and entry.history[-2:] == [Event.SLOWER, Event.STORED]
+    assert guard.refused_for_good(plan.measured) and "slower with 99% confidence" in plan.fallback
+
+
+def test_an_undecided_measurement_settles_on_its_median_after_live_rounds(monkeypatch):
+    _clock(monkeypatch, NOISY)
+    monkeypatch.setattr(guard, "LIVE_ROUNDS", 14)
+    _live_clock(monkeypatch, [1.2, 0.9, 1.1, 0.95])  # 2 of 4 faster: still undecided at 14 rounds
+    fast = eqsat.optimize(_chain(), limits=GUARDED)
+    args = _args(256)
+    entry = _called(fast, args, 1 + guard.LIVE_EVERY * 4)
+    plan = fast.plan(*args)
+    assert plan.measured["rounds"] == 14 and plan.measured["decision"] == "undecided" and not plan.measured["live"]
+    assert entry.state is State.KEPT and not guard.refused_for_good(plan.measured)  # median 1.075: the plan
+    assert not fast._calls.plans.measuring

@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "eqsat.validate",
     }),
     # the census is a tool, beside the API so that fast.profile() can take one (imported inside the method)
-    ("API", {"eqsat.api", "eqsat.buckets", "eqsat.census", "eqsat.dispatcher", "eqsat.prepare"}),
+    ("API", {"eqsat.api", "eqsat.buckets", "eqsat.census", "eqsat.dispatcher", "eqsat.jit_dispatch", "eqsat.prepare"}),
     # eqsat/tools/: the command line, examples, fuzzing, generators, rule verification, calibration, the HTML report
     ("tools", {
         "eqsat.__main__", "eqsat.tools", "eqsat.tools.main", "eqsat.tools.cli", "eqsat.tools.examples",
