@@ -5,6 +5,7 @@ import re
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
+from typing import NoReturn
 
 from eqsat.errors import RuleError
 
@@ -56,10 +57,11 @@ class _Parser:
     start: int = 0  # the open rule's first line
     depth: int = 0  # parentheses open in it
 
-    def fail(self, line: int, message: str) -> None:
+    def fail(self, line: int, message: str) -> NoReturn:
         raise RuleError(f"{self.origin}:{line}: {message}")
 
     def header(self, text: str, line: int) -> None:
+        """A line `; @KIND NAME`: the open section closes, this one opens."""
         if self.depth:
             self.fail(self.start, f"unbalanced parentheses: this rule is not closed when line {line} starts a section")
         words = _HEADER.sub("", text, count=1).split()
@@ -79,8 +81,8 @@ class _Parser:
             return
         kind, name, line = self.section
         if not self.rules or (kind == "dtype" and len(self.rules) != 1):
-            self.fail(line, f"section `; @{kind} {name}` holds {len(self.rules)} rules: a {kind} section holds "
-                      + ("one" if kind == "dtype" else "at least one"))  # fmt: skip
+            holds = "one" if kind == "dtype" else "at least one"
+            self.fail(line, f"section `; @{kind} {name}` holds {len(self.rules)} rules: a {kind} section holds {holds}")
         self.sections[kind, name] = Section(kind, name, line, tuple(self.rules))
         self.rules = []
 
