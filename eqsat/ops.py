@@ -11,7 +11,7 @@ entry.
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache, partial
+from functools import cached_property, lru_cache, partial
 from math import prod
 from typing import Any, NamedTuple
 
@@ -147,14 +147,14 @@ class OpSpec:
     def attrs_from_json(self, values: list[Any]) -> tuple:
         return self.named([sort.from_json(v) for sort, v in zip(self.sorts(values), values, strict=True)])
 
-    @property
+    @cached_property
     def shape_rules(self) -> tuple[str, ...]:
         """The egglog rules deriving this op's output shape: its shape kind's section, for this op."""
         if self.shape_kind is None:
             return ()
         return shapes_file().section("shape", self.shape_kind, self.name).rules_for(self.name, self.pattern())
 
-    @property
+    @cached_property
     def dtype_rule(self) -> str:
         """The egglog rule deriving this op's output dtype: its dtype kind's section, for this op."""
         return shapes_file().section("dtype", self.dtype_kind, self.name).rules_for(self.name, self.pattern())[0]
