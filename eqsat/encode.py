@@ -43,11 +43,9 @@ def prelude() -> str:
             continue
         lines.append(f"(constructor {op.name} ({op.signature()}) Tensor)")
         for k, rule in enumerate(op.shape_rules):
-            body = rule.format(pat=op.pattern()).removesuffix(")")
-            lines.append(f'{body} :ruleset {ANALYSIS} :name "{ANALYSIS}:shape-{op.name}-{k}")')
+            lines.append(f'{rule.removesuffix(")")} :ruleset {ANALYSIS} :name "{ANALYSIS}:shape-{op.name}-{k}")')
         if op.arity:
-            dtype_rule = op.dtype_rule or f"(rule ((= e {op.pattern()}) (= d (dtype a))) ((set (dtype e) d)))"
-            lines.append(f'{dtype_rule.removesuffix(")")} :ruleset {ANALYSIS} :name "{ANALYSIS}:dtype-{op.name}")')
+            lines.append(f'{op.dtype_rule.removesuffix(")")} :ruleset {ANALYSIS} :name "{ANALYSIS}:dtype-{op.name}")')
     return "\n".join(lines)
 
 

@@ -1,16 +1,17 @@
 """The op table: every IR op is declared here once.
 
-Each entry gives the egglog constructor (attributes, then tensor inputs), the egglog rules that derive the
-output shape from the input shapes (a node whose shape guard fails gets no shape and is never extracted),
-how the op is priced (its cost class), how it lowers to `jax.lax`, which jax primitives capture as it (and how
-their parameters become its attributes), and which attributes `rules check` may draw for it. Capture, the egglog
-prelude, the cost model, lowering and `rules check` all read this table; a new op is one entry.
+Each entry gives the egglog constructor (attributes, then tensor inputs), the sections of eqsat/shapes.egg whose
+egglog rules derive its output shape and dtype from its inputs' (a node whose shape guard fails gets no shape and
+is never extracted), how the op is priced (its cost class), how it lowers to `jax.lax`, which jax primitives
+capture as it (and how their parameters become its attributes), and which attributes `rules check` may draw for
+it. Capture, the egglog prelude, the cost model, lowering and `rules check` all read this table; a new op is one
+entry.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache, partial
+from functools import cached_property, lru_cache, partial
 from math import prod
 from typing import Any, NamedTuple
 
@@ -20,6 +21,7 @@ import numpy as np
 from jax import lax
 
 from eqsat.backends import cumulative, kernels
+from eqsat.shape_rules import FIRST_INPUT, shapes_file
 
 Shape = tuple[int, ...]
 
@@ -87,11 +89,12 @@ class OpSpec:
     arity: int  # tensor inputs after the attributes
     cost_class: CostClass  # given as the enum or its value; anything else fails when the table is built
     lower: Callable[..., Any] | None  # lower(attrs, *inputs) -> jax value; None for the structural ops
-    shape_rules: tuple[str, ...] = ()  # egglog rule bodies; `e` is the node, `sa`/`sb` input shapes
+    # the section of eqsat/shapes.egg whose rules derive the output shape (None: set at encoding, structural ops)
+    shape_kind: str | None = None
     primitives: tuple[str, ...] = ()  # jax primitives captured as this op
     contracted: Callable[[list[Shape]], int] | None = None  # contraction length per output element
     epilogue: bool = False  # bias and activation on the output: free where the target runs them in the GEMM
-    dtype_rule: str | None = None  # egglog rule body setting (dtype e); None: the first input's dtype
+    dtype_kind: str = FIRST_INPUT  # the section of eqsat/shapes.egg whose rule derives the output dtype
     alternative: bool = False  # another implementation of an op, put beside it by rules/kernels.egg
     # a captured primitive's parameters -> this op's attributes (None: not this op); for primitives with parameters
     # that no special capture in eqsat/capture.py handles. Without it only parameterless primitives are captured.
@@ -109,6 +112,9 @@ class OpSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_class", CostClass(self.cost_class))
+        if self.shape_kind is not None:
+            shapes_file().section("shape", self.shape_kind, self.name)
+        shapes_file().section("dtype", self.dtype_kind, self.name)
         unknown = [sort for sort in self.attrs if sort not in SORTS]
         if unknown:
             raise ValueError(f"op {self.name}: attribute sort(s) {unknown} unknown; the sorts are {sorted(SORTS)}")
@@ -141,6 +147,23 @@ class OpSpec:
     def attrs_from_json(self, values: list[Any]) -> tuple:
         return self.named([sort.from_json(v) for sort, v in zip(self.sorts(values), values, strict=True)])
 
+    @cached_property
+    def shape_rules(self) -> tuple[str, ...]:
+        """The egglog rules deriving this op's output shape: its shape kind's section, for this op."""
+        if self.shape_kind is None:
+            return ()
+        return shapes_file().section("shape", self.shape_kind, self.name).rules_for(self.name, self.pattern())
+
+    @cached_property
+    def dtype_rule(self) -> str:
+        """The egglog rule deriving this op's output dtype: its dtype kind's section, for this op."""
+        return shapes_file().section("dtype", self.dtype_kind, self.name).rules_for(self.name, self.pattern())[0]
+
+    @property
+    def keeps_input_dtype(self) -> bool:
+        """Whether the output has the first input's dtype (not one the op's attributes name)."""
+        return self.dtype_kind == FIRST_INPUT
+
     @property
     def structural(self) -> bool:
         """An input or an opaque call or projection: in the e-graph, never lowered through the table."""
@@ -162,13 +185,6 @@ def contraction_flops(op: str, in_shapes: list[Shape], out_shape: Shape) -> int:
     return 2 * prod(out_shape) * contracted(in_shapes)
 
 
-_SAME = "(rule ((= e {pat}) (= sa (shape a)) (= sb (shape b)) (= sa sb)) ((set (shape e) sa)))"
-_SCALAR_RIGHT = "(rule ((= e {pat}) (= sa (shape a)) (= sb (shape b)) (= (vec-length sb) 0)) ((set (shape e) sa)))"
-_SCALAR_LEFT = "(rule ((= e {pat}) (= sa (shape a)) (= sb (shape b)) (= (vec-length sa) 0)) ((set (shape e) sb)))"
-_UNARY = "(rule ((= e {pat}) (= sa (shape a))) ((set (shape e) sa)))"
-_BINARY_RULES = (_SAME, _SCALAR_RIGHT, _SCALAR_LEFT)
-
-
 def _binary(name: str, fn: Callable[..., Any], primitive: str) -> OpSpec:
     def lower(_attrs: tuple, a: Any, b: Any) -> Any:
         # the shape rules' semantics: equal shapes or a scalar side (lax itself also broadcasts size-1 axes)
@@ -176,11 +192,11 @@ def _binary(name: str, fn: Callable[..., Any], primitive: str) -> OpSpec:
             raise TypeError(f"{name} of shapes {jnp.shape(a)} and {jnp.shape(b)}")
         return fn(a, b)
 
-    return OpSpec(name, (), 2, "elementwise", lower, _BINARY_RULES, (primitive,))
+    return OpSpec(name, (), 2, "elementwise", lower, "same-or-scalar", (primitive,))
 
 
 def _unary(name: str, fn: Callable[..., Any], primitive: str) -> OpSpec:
-    return OpSpec(name, (), 1, "elementwise", lambda _attrs, a: fn(a), (_UNARY,), (primitive,))
+    return OpSpec(name, (), 1, "elementwise", lambda _attrs, a: fn(a), "unary", (primitive,))
 
 
 def _matrix_transpose(x: Any) -> Any:
@@ -245,43 +261,6 @@ def _arg_reduce(attrs: tuple, x: Any) -> Any:
     return (lax.argmax if kind == "max" else lax.argmin)(x, axis, np.dtype(index_dtype))
 
 
-def _batch_dot_shape_rules(name: str) -> tuple[str, ...]:
-    """[B..., M, K] x [B..., K, N] -> [B..., M, N], for BatchDot and its alternative."""
-    return (
-        f"(rule ((= e ({name} a b)) (= sa (shape a)) (= sb (shape b)) (= n (vec-length sa))"
-        " (= n (vec-length sb)) (>= n 3) (= (vec-pop (vec-pop sa)) (vec-pop (vec-pop sb)))"
-        " (= (vec-get sa (- n 1)) (vec-get sb (- n 2))))"
-        " ((set (shape e) (vec-set sa (- n 1) (vec-get sb (- n 1))))))",
-    )
-
-
-def _conv_shape_rules(name: str) -> tuple[str, ...]:
-    """A convolution's window arithmetic for any rank, built axis by axis: the batch (divided by the batch groups),
-    each spatial axis j (input size n, kernel size k) of size (dilated n + pads - dilated k) / stride + 1 where the
-    window fits, then the kernel's output features; the groups divide what they must."""
-    head = f"(= e ({name} st lo hi ld rd fg bg a b)) (= sa (shape a)) (= sb (shape b)) (= n (vec-length sa))"
-    whole = (
-        "(= n (vec-length sb)) (>= n 3) (= d (- n 2)) (= (vec-length st) d) (= (vec-length lo) d)"
-        " (= (vec-length hi) d) (= (vec-length ld) d) (= (vec-length rd) d) (> fg 0) (> bg 0) (= 1 (min fg bg))"
-        " (= (vec-get sa (+ d 1)) (* fg (vec-get sb d))) (= 0 (% (vec-get sb (+ d 1)) (* fg bg)))"
-        " (= 0 (% (vec-get sa 0) bg))"
-    )
-    room = (
-        "(- (+ (+ (* (- (vec-get sa i) 1) (vec-get ld j)) 1) (+ (vec-get lo j) (vec-get hi j)))"
-        " (+ (* (vec-get rd j) (- (vec-get sb j) 1)) 1))"
-    )
-    spatial = (
-        "(= j (- i 1)) (= s (vec-get st j)) (> s 0) (> (vec-get ld j) 0) (> (vec-get rd j) 0) (> (vec-get sa i) 0)"
-        f" (= r {room}) (>= r 0)"
-    )
-    return (
-        f"(rule ({head} {whole}) ((set (axes-built e 1) (vec-of (/ (vec-get sa 0) bg)))))",
-        f"(rule ({head} (= v (axes-built e i)) (>= i 1) (< i (- n 1)) {spatial})"
-        " ((set (axes-built e (+ i 1)) (vec-push v (+ (/ r s) 1)))))",
-        f"(rule ({head} (= m (- n 1)) (= v (axes-built e m))) ((set (shape e) (vec-push v (vec-get sb m)))))",
-    )
-
-
 def _pool(fn: str) -> Callable[..., Any]:
     """reduce_window of lax.max / lax.add over (window, strides, pad_low, pad_high): what jax binds as the
     reduce_window_max / reduce_window_sum primitives (flax, keras, haiku and equinox pools)."""
@@ -292,40 +271,6 @@ def _pool(fn: str) -> Callable[..., Any]:
         return lax.reduce_window(x, kernels.pool_init(fn, x.dtype), reducer, a.window, a.strides, padding)
 
     return lower
-
-
-def _pool_shape_rules(name: str) -> tuple[str, ...]:
-    """(name window strides low high a): out[i] = (a[i] + low[i] + high[i] - window[i]) / strides[i] + 1, the window
-    fitting the padded input on every axis."""
-    return _axis_by_axis(
-        f"({name} k0 k1 k2 k3 a)",
-        "(= (vec-length k0) n) (= (vec-length k1) n) (= (vec-length k2) n) (= (vec-length k3) n)",
-        "(= r (- (+ (vec-get sa i) (+ (vec-get k2 i) (vec-get k3 i))) (vec-get k0 i))) (>= r 0) (> (vec-get k1 i) 0)",
-        "(+ (/ r (vec-get k1 i)) 1)",
-    )
-
-
-# (distinct-before e i j) for Transpose's permutation k0, entry by entry: entry i is compared with the entries before
-# it one at a time, and entry i + 1 starts once entry i differs from all of them
-_PERMUTATION_RULES = (
-    "(rule ((= e (Transpose k0 a)) (> (vec-length k0) 0)) ((distinct-before e 0 0)))",
-    "(rule ((= e (Transpose k0 a)) (distinct-before e i i) (< (+ i 1) (vec-length k0)))"
-    " ((distinct-before e (+ i 1) 0)))",
-    "(rule ((= e (Transpose k0 a)) (distinct-before e i j) (< j i) (!= (vec-get k0 i) (vec-get k0 j)))"
-    " ((distinct-before e i (+ j 1))))",
-)
-
-
-def _axis_by_axis(pattern: str, whole: str, guard: str, dim: str) -> tuple[str, ...]:
-    """Shape rules of any rank, egglog having no map over a vector: the output shape is built axis by axis
-    ((axes-built e i) holds its first i axes), axis i of input a kept when `guard` holds and sized `dim` (both over
-    `sa`, a's shape, and `i`); `whole` guards the whole node (over `n`, a's rank)."""
-    head = f"(= e {pattern}) (= sa (shape a)) (= n (vec-length sa))"
-    return (
-        f"(rule ({head} {whole}) ((set (axes-built e 0) (vec-empty))))",
-        f"(rule ({head} (= v (axes-built e i)) (< i n) {guard}) ((set (axes-built e (+ i 1)) (vec-push v {dim}))))",
-        f"(rule ({head} (= v (axes-built e n))) ((set (shape e) v)))",
-    )
 
 
 def _conv_merge_key(attrs: tuple, _shapes: list[Shape | None]) -> tuple | None:
@@ -351,7 +296,7 @@ def _conv_op(name: str, lower: Callable[..., Any], alternative: bool = False) ->
         2,
         "contraction",
         nonempty,
-        _conv_shape_rules(name),
+        "conv",
         contracted=lambda shapes: prod(shapes[1][:-1]),
         alternative=alternative,
         attributes=ConvAttrs,
@@ -394,11 +339,7 @@ OPS: dict[str, OpSpec] = {
             2,
             "contraction",
             _dot,
-            (
-                "(rule ((= e (Dot a b)) (= sa (shape a)) (= sb (shape b)) (> (vec-length sb) 0)"
-                " (= (vec-get sa (- (vec-length sa) 1)) (vec-get sb 0)))"
-                " ((set (shape e) (vec-append (vec-pop sa) (vec-remove sb 0)))))",
-            ),
+            "dot",
             contracted=lambda shapes: shapes[0][-1],
             merge_key=lambda _attrs, shapes: () if len(shapes[1] or ()) == 2 else None,  # matrix weights
         ),
@@ -409,12 +350,7 @@ OPS: dict[str, OpSpec] = {
             3,
             "contraction",
             _dense,
-            (
-                "(rule ((= e (Dense k0 a b c)) (= sa (shape a)) (= sb (shape b)) (= (vec-length sb) 2)"
-                " (= n (- (vec-length sa) 1)) (= (vec-get sa n) (vec-get sb 0))"
-                " (= (shape c) (vec-of (vec-get sb 1))))"
-                " ((set (shape e) (vec-set sa n (vec-get sb 1)))))",
-            ),
+            "dense",
             contracted=lambda shapes: shapes[0][-1],
             epilogue=True,
         ),
@@ -425,7 +361,7 @@ OPS: dict[str, OpSpec] = {
             2,
             "contraction",
             _batch_dot,
-            _batch_dot_shape_rules("BatchDot"),
+            "batch-dot",
             contracted=lambda shapes: shapes[0][-1],
         ),
         # The same batched matmul as a broadcast multiply and a sum over K; rules/kernels.egg puts it beside a
@@ -436,7 +372,7 @@ OPS: dict[str, OpSpec] = {
             2,
             "contraction",
             kernels.broadcast_batch_dot,
-            _batch_dot_shape_rules("BcastBatchDot"),
+            "batch-dot",
             contracted=lambda shapes: shapes[0][-1],
             alternative=True,
         ),
@@ -463,7 +399,7 @@ OPS: dict[str, OpSpec] = {
                 1,
                 "window",
                 lower,
-                _pool_shape_rules(name),
+                "pool",
                 alternative=name.endswith("Sliced"),
                 attributes=PoolAttrs,
             )
@@ -481,8 +417,8 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             _one_hot,
-            ("(rule ((= e (OneHot k0 k1 a)) (= sa (shape a))) ((set (shape e) (vec-push sa k0))))",),
-            dtype_rule="(rule ((= e (OneHot k0 k1 a))) ((set (dtype e) k1)))",
+            "one-hot",
+            dtype_kind="one-hot",
         ),
         # (Take table ids): table rows by index, zeros out of range; rules/kernels.egg puts it beside one_hot @ table
         OpSpec(
@@ -491,10 +427,7 @@ OPS: dict[str, OpSpec] = {
             2,
             "gather",
             kernels.take_rows,
-            (
-                "(rule ((= e (Take a b)) (= sa (shape a)) (= sb (shape b)) (>= (vec-length sa) 1))"
-                " ((set (shape e) (vec-append sb (vec-remove sa 0)))))",
-            ),
+            "take",
             alternative=True,
         ),
         # (ScatterRows depth rows ids): rows[N, ...] added into a zero [depth, ...] table at ids[N], ids out of range
@@ -505,11 +438,7 @@ OPS: dict[str, OpSpec] = {
             2,
             "gather",
             kernels.scatter_rows,
-            (
-                "(rule ((= e (ScatterRows k0 a b)) (= sa (shape a)) (= sb (shape b)) (= (vec-length sb) 1)"
-                " (>= (vec-length sa) 1) (= (vec-get sa 0) (vec-get sb 0)) (> k0 0))"
-                " ((set (shape e) (vec-set sa 0 k0))))",
-            ),
+            "scatter-rows",
             alternative=True,
         ),
         # (TakeAlong fill x ids): x[B..., V] picked along its last axis at ids[B..., K], `fill` ("nan" or "zero")
@@ -520,10 +449,7 @@ OPS: dict[str, OpSpec] = {
             2,
             "gather",
             kernels.take_along,
-            (
-                "(rule ((= e (TakeAlong k0 a b)) (= sa (shape a)) (= sb (shape b)) (= n (vec-length sa)) (>= n 1)"
-                " (= n (vec-length sb)) (= (vec-pop sa) (vec-pop sb))) ((set (shape e) sb)))",
-            ),
+            "take-along",
         ),
         # (PutAlong x ids updates): x with updates[B..., K] added along its last axis at ids, out of range dropped;
         # captured from take_along_axis's gradient
@@ -533,10 +459,7 @@ OPS: dict[str, OpSpec] = {
             3,
             "gather",
             kernels.put_along,
-            (
-                "(rule ((= e (PutAlong a b c)) (= sa (shape a)) (= sb (shape b)) (= sb (shape c)) (= n (vec-length sa))"
-                " (>= n 1) (= n (vec-length sb)) (= (vec-pop sa) (vec-pop sb))) ((set (shape e) sa)))",
-            ),
+            "put-along",
         ),
         # (KeepInRange depth x ids): x where 0 <= ids < depth, else 0 (what a one-hot row sums x to; rules only)
         OpSpec(
@@ -545,7 +468,7 @@ OPS: dict[str, OpSpec] = {
             2,
             "elementwise",
             kernels.keep_in_range,
-            ("(rule ((= e (KeepInRange k0 a b)) (= sa (shape a)) (= sa (shape b)) (> k0 0)) ((set (shape e) sa)))",),
+            "keep-in-range",
         ),
         # (ArgReduce kind axis index_dtype x), kind "max" or "min": captured from lax.argmax / lax.argmin;
         # ArgReduceMasked computes it as a max (min) and a min of the positions that hold it
@@ -556,11 +479,8 @@ OPS: dict[str, OpSpec] = {
                 1,
                 "reduction",
                 lower,
-                (
-                    f"(rule ((= e ({name} k0 k1 k2 a)) (= sa (shape a)) (>= k1 0) (< k1 (vec-length sa))"
-                    " (> (vec-get sa k1) 0)) ((set (shape e) (vec-remove sa k1))))",
-                ),
-                dtype_rule=f"(rule ((= e ({name} k0 k1 k2 a))) ((set (dtype e) k2)))",
+                "arg-reduce",
+                dtype_kind="arg-reduce",
                 alternative=name.endswith("Masked"),
             )
             for name, lower in (("ArgReduce", _arg_reduce), ("ArgReduceMasked", kernels.masked_arg_reduce))
@@ -572,20 +492,7 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             lambda attrs, a: lax.broadcast_in_dim(a, tuple(attrs[0]), tuple(attrs[1])),
-            # input axis i goes to output axis k1[i], increasing, and keeps its size or is 1: checked axis by
-            # axis (axes-checked e i last: axes before i hold, the last of them went to output axis `last`)
-            (
-                "(rule ((= e (Bcast k0 k1 a)) (= sa (shape a)) (= (vec-length sa) (vec-length k1)))"
-                " ((axes-checked e 0 -1)))",
-                "(rule ((axes-checked e i last) (= e (Bcast k0 k1 a)) (= sa (shape a)) (< i (vec-length sa))"
-                " (= d (vec-get k1 i)) (> d last) (< d (vec-length k0)) (= (vec-get sa i) (vec-get k0 d)))"
-                " ((axes-checked e (+ i 1) d)))",
-                "(rule ((axes-checked e i last) (= e (Bcast k0 k1 a)) (= sa (shape a)) (< i (vec-length sa))"
-                " (= d (vec-get k1 i)) (> d last) (< d (vec-length k0)) (= (vec-get sa i) 1))"
-                " ((axes-checked e (+ i 1) d)))",
-                "(rule ((axes-checked e n last) (= e (Bcast k0 k1 a)) (= sa (shape a)) (= n (vec-length sa)))"
-                " ((set (shape e) k0)))",
-            ),
+            "broadcast",
         ),
         _binary("Add", lax.add, "add"),
         _binary("Sub", lax.sub, "sub"),
@@ -607,7 +514,7 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             lambda attrs, a: lax.integer_pow(a, attrs[0]),
-            (_UNARY,),
+            "unary",
             ("integer_pow",),
             capture_params=lambda params: (int(params["y"]),),
             example_attrs=lambda _shape: [(2,), (3,)],
@@ -620,8 +527,8 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             lambda attrs, a: lax.convert_element_type(a, np.dtype(attrs[0])),
-            (_UNARY,),
-            dtype_rule="(rule ((= e (Convert k0 a))) ((set (dtype e) k0)))",
+            "unary",
+            dtype_kind="convert",
         ),
         # swap the last two axes
         OpSpec(
@@ -630,11 +537,7 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             lambda _attrs, a: _matrix_transpose(a),
-            (
-                "(rule ((= e (MT a)) (= sa (shape a)) (= n (vec-length sa)) (>= n 2))"
-                " ((set (shape e) (vec-set (vec-set sa (- n 1) (vec-get sa (- n 2)))"
-                " (- n 2) (vec-get sa (- n 1))))))",
-            ),
+            "matrix-transpose",
         ),
         # (Transpose permutation a)
         OpSpec(
@@ -643,14 +546,7 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             lambda attrs, a: lax.transpose(a, tuple(attrs[0])),
-            # each axis of the permutation in range and unlike the ones before it
-            _axis_by_axis(
-                "(Transpose k0 a)",
-                "(= (vec-length k0) n)",
-                "(= p (vec-get k0 i)) (>= p 0) (< p n) (distinct-before e i i)",
-                "(vec-get sa p)",
-            )
-            + _PERMUTATION_RULES,
+            "transpose",
             ("transpose",),
         ),
         # (Pad low high a): zero padding of each axis, used by rules (enlarging a kernel), not captured
@@ -660,21 +556,16 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             _zero_pad,
-            _axis_by_axis(
-                "(Pad k0 k1 a)",
-                "(= (vec-length k0) n) (= (vec-length k1) n)",
-                "(>= (vec-get k0 i) 0) (>= (vec-get k1 i) 0)",
-                "(+ (vec-get sa i) (+ (vec-get k0 i) (vec-get k1 i)))",
-            ),
+            "pad",
         ),
-        # (Reshape new_shape a): sizes are trusted, egglog cannot multiply a vector out
+        # (Reshape new_shape a)
         OpSpec(
             "Reshape",
             ("Shape",),
             1,
             "bitcast",
             lambda attrs, a: lax.reshape(a, tuple(attrs[0])),
-            ("(rule ((= e (Reshape k0 a)) (= sa (shape a))) ((set (shape e) k0)))",),
+            "reshape",
         ),
         # single-axis reductions: (ReduceSum axis a), (ReduceMax axis a)
         *(
@@ -684,10 +575,7 @@ OPS: dict[str, OpSpec] = {
                 1,
                 "elementwise",
                 lambda attrs, a, fn=fn: fn(a, (attrs[0],)),
-                (
-                    f"(rule ((= e ({name} k0 a)) (= sa (shape a)) (>= k0 0) (< k0 (vec-length sa)))"
-                    " ((set (shape e) (vec-remove sa k0))))",
-                ),
+                "reduce-axis",
             )
             for name, fn in (("ReduceSum", lax.reduce_sum), ("ReduceMax", lax.reduce_max))
         ),
@@ -698,7 +586,7 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             lambda attrs, a: jax.nn.softmax(a, axis=attrs[0]),
-            ("(rule ((= e (Softmax k0 a)) (= sa (shape a)) (>= k0 0) (< k0 (vec-length sa))) ((set (shape e) sa)))",),
+            "softmax",
         ),
         OpSpec(
             "LogSumExp",
@@ -706,10 +594,7 @@ OPS: dict[str, OpSpec] = {
             1,
             "fused_read",
             lambda attrs, a: jax.nn.logsumexp(a, axis=attrs[0]),
-            (
-                "(rule ((= e (LogSumExp k0 a)) (= sa (shape a)) (>= k0 0) (< k0 (vec-length sa)))"
-                " ((set (shape e) (vec-remove sa k0))))",
-            ),
+            "reduce-axis",
         ),
         # (Concat axis a b)
         OpSpec(
@@ -718,11 +603,7 @@ OPS: dict[str, OpSpec] = {
             2,
             "elementwise",
             lambda attrs, a, b: lax.concatenate([a, b], attrs[0]),
-            (
-                "(rule ((= e (Concat k0 a b)) (= sa (shape a)) (= sb (shape b)) (< k0 (vec-length sa))"
-                " (= (vec-length sa) (vec-length sb)) (= (vec-set sa k0 0) (vec-set sb k0 0)))"
-                " ((set (shape e) (vec-set sa k0 (+ (vec-get sa k0) (vec-get sb k0))))))",
-            ),
+            "concat",
         ),
         # (Slice axis start stop a)
         OpSpec(
@@ -731,10 +612,7 @@ OPS: dict[str, OpSpec] = {
             1,
             "elementwise",
             _slice,
-            (
-                "(rule ((= e (Slice k0 k1 k2 a)) (= sa (shape a)) (< k0 (vec-length sa)) (<= 0 k1) (< k1 k2)"
-                " (<= k2 (vec-get sa k0))) ((set (shape e) (vec-set sa k0 (- k2 k1)))))",
-            ),
+            "slice",
         ),
         # (Cumulative kind axis reverse x): lax.cumsum / cumprod / cummax / cummin / cumlogsumexp (kind "sum", "prod",
         # "max", "min", "logsumexp"), backwards where reverse is 1; (CumulativeBlocked kind axis reverse block x) the
@@ -746,10 +624,7 @@ OPS: dict[str, OpSpec] = {
                 1,
                 "reduction",
                 lower,
-                (
-                    f"(rule ((= e ({name} k0 k1 k2{' k3' * blocked} a)) (= sa (shape a)) (>= k1 0)"
-                    f" (< k1 (vec-length sa)) (>= k2 0) (<= k2 1){' (>= k3 1)' * blocked}) ((set (shape e) sa)))",
-                ),
+                "cumulative-blocked" if blocked else "cumulative",
                 primitives=() if blocked else tuple(cumulative.PRIMITIVES),  # the kind: eqsat/capture.py
                 example_attrs=partial(_cumulative_examples, blocks=(1, 2, 3) if blocked else None),
                 alternative=bool(blocked),

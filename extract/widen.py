@@ -78,4 +78,4 @@ def _widenable(nodes: list["PlanNode"], node: "PlanNode", narrow: list[bool]) ->
     if node.op == "Convert":
         return node.dtype in floats and (node.dtype == WIDE or narrow[node.inputs[0]])
     spec = OPS[node.op]
-    return node.dtype in NARROW_FLOATS and spec.cost_class in _WIDENED_CLASSES and spec.dtype_rule is None
+    return node.dtype in NARROW_FLOATS and spec.cost_class in _WIDENED_CLASSES and spec.keeps_input_dtype

@@ -16,13 +16,10 @@ from eqsat.tools.generators import generators
 from eqsat.tools.verify import check_rules
 
 ERF = OpSpec(
-    "Erf", (), 1, "elementwise", lambda _attrs, x: lax.erf(x),
-    ("(rule ((= e (Erf a)) (= sa (shape a))) ((set (shape e) sa)))",), ("erf",),
+    "Erf", (), 1, "elementwise", lambda _attrs, x: lax.erf(x), "unary", ("erf",),
 )  # fmt: skip
 REV = OpSpec(
-    "Rev", ("Shape",), 1, "elementwise", lambda attrs, x: lax.rev(x, attrs[0]),
-    ("(rule ((= e (Rev k0 a)) (= sa (shape a))) ((set (shape e) sa)))",),
-    ("rev",),
+    "Rev", ("Shape",), 1, "elementwise", lambda attrs, x: lax.rev(x, attrs[0]), "unary", ("rev",),
     capture_params=lambda params: (tuple(params["dimensions"]),),
     example_attrs=lambda shape: [((axis,),) for axis in range(len(shape))],
 )  # fmt: skip
