@@ -136,60 +136,90 @@ def overflow_guarded(
     (the plan's tangents computed inside the branch: outside, the other branch's zero cotangent times an
     overflowed value would be NaN)."""
 
-    def split(values: list[Any]) -> tuple[list[Any], Any]:
-        """The results, and whether every watched inexact value is in range (None: none can overflow)."""
-        results, watch = values[: len(values) - watched], values[len(values) - watched :]
-        inexact = [v for v in watch if jnp.issubdtype(v.dtype, jnp.inexact) and v.size]
-        if not inexact:  # integers and booleans cannot overflow to inf
-            return results, None
-        return results, functools.reduce(jnp.logical_and, [_in_range(v) for v in inexact])
-
     @custom_vmap
     def checked(*args: Any) -> list[Any]:
         values = optimized(*args)
         with jax.named_scope(OVERFLOW_GUARD):
-            results, finite = split(values)
+            results, finite = _split_watched(values, watched)
             return results if finite is None else _kept_unless(finite, results, lambda: original(*args))
 
     @checked.def_vmap
     def _batched(axis_size: int, in_batched: list[bool], *args: Any) -> tuple[list[Any], list[bool]]:
-        axes = tuple(0 if b else None for b in in_batched)
-        run = overflow_guarded(jax.vmap(optimized, in_axes=axes), jax.vmap(original, in_axes=axes), watched)
-        results = run(*args)
-        return results, [True] * len(results)
+        return _guarded_batch(optimized, original, watched, in_batched, args)
 
     differentiable = jax.custom_jvp(checked)  # custom_vmap has no transpose: grad would fail through it
 
     @differentiable.defjvp
     def _jvp(primals: tuple, tangents: tuple) -> tuple[list[Any], list[Any]]:
-        live = [i for i, t in enumerate(tangents) if t.dtype != jax.dtypes.float0]  # integer inputs have none
-
-        def jvp_of(fun: Callable[..., list[Any]]) -> Callable[[], tuple[list[Any], list[Any]]]:
-            def on(*xs: Any) -> list[Any]:
-                full = list(primals)
-                for i, x in zip(live, xs, strict=True):
-                    full[i] = x
-                return fun(*full)
-
-            return lambda: jax.jvp(on, [primals[i] for i in live], [tangents[i] for i in live])
-
-        def plan() -> tuple[list[Any], list[Any]]:
-            values, dvalues = jvp_of(optimized)()
-            return values[: len(values) - watched], dvalues[: len(values) - watched]
-
-        _, finite = split(optimized(*primals))
-        # a cond, not _kept_unless's loop: grad transposes these tangents, and a while loop does not transpose
-        return plan() if finite is None else lax.cond(finite, plan, jvp_of(original))
+        return _guarded_jvp(optimized, original, watched, primals, tangents)
 
     def guarded(*args: Any) -> list[Any]:
         if not any(map(_is_token, args)):
             return differentiable(*args)
-        # tokens pass neither custom rules nor a cond's results: the cond picks the arrays, the plan's tokens pass
-        results, finite = split(optimized(*args))
-        if finite is None:
-            return results
-        arrays = [i for i, r in enumerate(results) if not _is_token(r)]
-        picked = iter(_kept_unless(finite, [results[i] for i in arrays], lambda: [original(*args)[i] for i in arrays]))
-        return [next(picked) if i in arrays else r for i, r in enumerate(results)]
+        return _guarded_with_tokens(optimized, original, watched, args)
 
     return guarded
+
+
+def _split_watched(values: list[Any], watched: int) -> tuple[list[Any], Any]:
+    """The results, and whether every watched inexact value is in range (None: none can overflow)."""
+    results, watch = values[: len(values) - watched], values[len(values) - watched :]
+    inexact = [v for v in watch if jnp.issubdtype(v.dtype, jnp.inexact) and v.size]
+    if not inexact:  # integers and booleans cannot overflow to inf
+        return results, None
+    return results, functools.reduce(jnp.logical_and, [_in_range(v) for v in inexact])
+
+
+def _guarded_batch(
+    optimized: Callable[..., list[Any]],
+    original: Callable[..., list[Any]],
+    watched: int,
+    in_batched: list[bool],
+    args: tuple,
+) -> tuple[list[Any], list[bool]]:
+    """The guard's vmap rule: the guard of both programs vmapped, so one check covers the whole batch."""
+    axes = tuple(0 if b else None for b in in_batched)
+    run = overflow_guarded(jax.vmap(optimized, in_axes=axes), jax.vmap(original, in_axes=axes), watched)
+    results = run(*args)
+    return results, [True] * len(results)
+
+
+def _guarded_jvp(
+    optimized: Callable[..., list[Any]],
+    original: Callable[..., list[Any]],
+    watched: int,
+    primals: tuple,
+    tangents: tuple,
+) -> tuple[list[Any], list[Any]]:
+    """The guard's JVP rule: the plan's (primals, tangents) where it is in range, else the original's."""
+    live = [i for i, t in enumerate(tangents) if t.dtype != jax.dtypes.float0]  # integer inputs have none
+
+    def jvp_of(fun: Callable[..., list[Any]]) -> Callable[[], tuple[list[Any], list[Any]]]:
+        def on(*xs: Any) -> list[Any]:
+            full = list(primals)
+            for i, x in zip(live, xs, strict=True):
+                full[i] = x
+            return fun(*full)
+
+        return lambda: jax.jvp(on, [primals[i] for i in live], [tangents[i] for i in live])
+
+    def plan() -> tuple[list[Any], list[Any]]:
+        values, dvalues = jvp_of(optimized)()
+        return values[: len(values) - watched], dvalues[: len(values) - watched]
+
+    _, finite = _split_watched(optimized(*primals), watched)
+    # a cond, not _kept_unless's loop: grad transposes these tangents, and a while loop does not transpose
+    return plan() if finite is None else lax.cond(finite, plan, jvp_of(original))
+
+
+def _guarded_with_tokens(
+    optimized: Callable[..., list[Any]], original: Callable[..., list[Any]], watched: int, args: tuple
+) -> list[Any]:
+    """The guard where tokens are among the arguments: tokens pass neither custom rules nor a cond's results, so
+    the check picks the arrays and the plan's tokens pass."""
+    results, finite = _split_watched(optimized(*args), watched)
+    if finite is None:
+        return results
+    arrays = [i for i, r in enumerate(results) if not _is_token(r)]
+    picked = iter(_kept_unless(finite, [results[i] for i in arrays], lambda: [original(*args)[i] for i in arrays]))
+    return [next(picked) if i in arrays else r for i, r in enumerate(results)]

@@ -133,24 +133,14 @@ def optimize(
 
     target: a device profile ("cpu", "a100", "h100", "h200", "tpu-v5e"); the plan runs wherever JAX runs.
     rules: extra rule files (paths) or egglog text; disabled_rules: built-in groups to switch off by name.
-    static_argnums, static_argnames, donate_argnums, donate_argnames: as in jax.jit, and so are the other
-    jax.jit options (in_shardings, out_shardings, keep_unused, compiler_options, ...), passed through.
-    params_argnums: arguments that are weights, fixed across calls; work on them alone (concatenating,
-    folding) is then priced as free, and `fast.prepare(params)` does it once.
-    validate: compare with the original on the first call of each signature and fall back to it, with a
-    warning, on a mismatch. limits: bounds on saturation (eqsat.Limits). extractor: "greedy" (greedy DAG),
-    "ilp" (exact, HiGHS) or "auto" (both within a time budget, the cheaper kept). autotune: compile and measure
-    this many of the best distinct candidate plans (and the original) on this device and keep the fastest.
-    memory_budget: bytes; memory becomes a term of the extraction cost, XLA:CPU's memory-optimized scheduler is
-    used, XLA's figure goes into plan.memory; a gradient still over budget runs its loss as rematerialized
-    segments, anything else warns.
-    cache_size: how many signatures' plans are kept in memory (the least recently used go first; jax.jit's own
-    cache of what it compiled stays as jax.jit keeps it).
-    buckets: eqsat.Buckets(sizes, argnums, axis): pad that axis of those arguments up to the smallest bucket size
-    that holds it and slice the results back, so sizes between buckets share one plan and one executable.
-    background: a signature's first call runs jax.jit's program while its plan is built, validated, timed and
-    compiled on a planning thread, and the calls switch to the plan when it is ready; False plans in the first
-    call (default True; environment EQSAT_BACKGROUND=0 switches it off).
+    params_argnums: the weights, fixed across calls (work on them alone is free; `fast.prepare` does it once).
+    validate: compare each signature's first call with the original and fall back to it, warning, on a mismatch.
+    limits: `eqsat.Limits`. extractor: "greedy", "ilp" or "auto". autotune: measure this many candidate plans.
+    memory_budget: bytes, a term of the extraction cost. cache_size: how many signatures' plans are kept.
+    buckets: `eqsat.Buckets`, shapes padded to shared sizes. background: plan on a thread while jax.jit's program
+    runs (default on; EQSAT_BACKGROUND=0 switches it off). static_argnums, static_argnames, donate_argnums,
+    donate_argnames and any other jax.jit option: as in jax.jit. Each option in full: the user guide's page
+    "optimize and its options" (docs/guide/optimize.md).
     """
     buckets = checked_option(buckets, Buckets, "buckets", "eqsat.Buckets(sizes=(8, 16, 32), argnums=(1,))")
     settings = checked(
@@ -172,6 +162,13 @@ def optimize(
     )
     if fun is None:
         return functools.partial(optimize, **settings, buckets=buckets, **jit_options)
+    _check_function(fun)
+    optimized = Optimized(fun, resolve(fun, **settings, jit_options=jit_options))
+    return optimized if buckets is None else Bucketed(optimized, buckets)
+
+
+def _check_function(fun: Any) -> None:
+    """TypeError unless fun is a function optimize can trace, as jax.jit's."""
     if isinstance(fun, staticmethod):
         raise TypeError(f"staticmethod arguments are not supported by eqsat.optimize (nor by jax.jit): {fun!r:.80}")
     if not callable(fun):
@@ -180,8 +177,6 @@ def optimize(
         )
     if inspect.isgeneratorfunction(fun):
         raise TypeError(f"Expected a function, got a generator function: {fun!r:.80}")
-    optimized = Optimized(fun, resolve(fun, **settings, jit_options=jit_options))
-    return optimized if buckets is None else Bucketed(optimized, buckets)
 
 
 def fit_budget(

@@ -6,9 +6,8 @@ with its original parameters, so no program jax can trace is refused.
 """
 
 import functools
-import inspect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from math import prod
 from typing import Any
 
@@ -76,50 +75,6 @@ def _short_path(file_name: str) -> str:
     """A path under the working directory relative to it (plans move between machines), others as they are."""
     relative = os.path.relpath(file_name) if os.path.isabs(file_name) else file_name
     return file_name if relative.startswith("..") else relative
-
-
-def stand_ins(tree: Any, avals: Sequence[Any]) -> Any:
-    """The call's tree rebuilt from stand-ins of its leaves, of their shapes and dtypes: a pytree class may look at
-    its leaves as it is built, as jax.jit's tracers let it (integers in their place made planning give up)."""
-    leaves = [jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") else a for a in avals]
-    return jax.tree_util.tree_unflatten(tree, leaves)
-
-
-def input_paths(fun: Callable[..., Any], tree: Any, avals: Sequence[Any], positions: Sequence[int]) -> list[str]:
-    """Each flat argument's place in the call as a person writes it, e.g. params.layers[0].wq.
-
-    tree: the flat arguments' tree of (dynamic positional arguments, keyword arguments), avals: its leaves'
-    abstract values; positions: each dynamic positional argument's index in the call (static ones are left out of
-    the tree)."""
-    try:
-        names = [
-            p.name
-            for p in inspect.signature(fun).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-    except (TypeError, ValueError):  # a builtin or a callable without a signature
-        names = []
-    paths = []
-    for (group, head, *rest), _ in jax.tree_util.tree_flatten_with_path(stand_ins(tree, avals))[0]:
-        if group.idx == 0:
-            position = positions[head.idx]
-            name = names[position] if position < len(names) else f"args[{position}]"
-        else:
-            name = str(head.key)
-        paths.append(name + "".join(map(_key_text, rest)))
-    return paths
-
-
-def _key_text(key: Any) -> str:
-    if isinstance(key, jax.tree_util.DictKey):
-        return f".{key.key}" if isinstance(key.key, str) and key.key.isidentifier() else f"[{key.key!r}]"
-    if isinstance(key, jax.tree_util.GetAttrKey):
-        return f".{key.name}"
-    if isinstance(key, jax.tree_util.SequenceKey):
-        return f"[{key.idx}]"
-    if isinstance(key, jax.tree_util.FlattenedIndexKey):  # a child of a custom pytree node
-        return f"[{key.key}]"
-    return str(key)
 
 
 def _capture_eqn(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> list[int]:

@@ -8,14 +8,13 @@ the one the plan chose. The original program and the plan are timed end to end t
 kernel's share is a share of a time the user can check.
 
 The census is a tool: `python -m eqsat profile` and `fast.profile(*args)` build one; the runtime never imports it.
+How the program is cut into kernels, and each timed alone: eqsat/census_kernels.py.
 """
 
 import dataclasses
 import functools
-import hashlib
 import io
 import json
-import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,27 +23,23 @@ from pathlib import Path
 from typing import Any
 
 import jax
-from jax.core import ShapedArray
 
 from eqsat import progress
+from eqsat.census_kernels import Unit, describe, measure_alone, unit_key, unit_roofline, units
 from eqsat.extract import timing
 from eqsat.extract.cost import Profile, load_profile, node_cost, node_key
 from eqsat.extract.plan import Plan
 from eqsat.extract.views import seconds_text
 from eqsat.ir import Graph, Node
 from eqsat.measure import compare
-from eqsat.ops import OPS, CostClass
+from eqsat.ops import OPS
 from eqsat.rule_sources import RuleSource
-from eqsat.sample import example_like
 from eqsat.saturate import Limits, saturate
 
 FORMAT = "eqsat-census"
 VERSION = 1
-_FUSED = (CostClass.ELEMENTWISE, CostClass.BITCAST)  # XLA fuses these into loops with their neighbours
-_ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # a function's address in a printed parameter differs per process
 # kernels alone adding up to more than this many times the program's time (or less than its inverse) are suspect
 _AGREE = 1.5
-_UNMEASURABLE = ("while",)  # a loop run on random inputs may not end: listed, timed only as part of the program
 
 
 @dataclass(frozen=True)
@@ -244,194 +239,10 @@ def _seconds(s: float | None) -> str:
     return "-" if s is None else seconds_text(s)
 
 
-# ---------------------------------------------------------------------------------------------------- the kernels
-
-
-@dataclass(frozen=True)
-class _Unit:
-    """One kernel of the program: the graph nodes it runs (in order), the values it reads and those it gives."""
-
-    kind: str
-    nodes: tuple[int, ...]
-    inputs: tuple[int, ...]
-    outputs: tuple[int, ...]
-
-
-def _units(graph: Graph) -> list[_Unit]:
-    """The program's kernels: each op that is not fused (a contraction, a gather, a pool, an opaque primitive) alone,
-    and each group of elementwise ops joined by values that only they read (XLA's loop fusions; a value a kernel
-    also reads is written out, so the loop ends there). A reshape, broadcast or weight-only op feeding several
-    loops is recomputed in each, as XLA does."""
-    live = sorted(graph.live())
-    consumers: dict[int, list[int]] = {i: [] for i in live}
-    for i in live:
-        for j in graph.nodes[i].inputs:
-            consumers[j].append(i)
-
-    def fused(i: int) -> bool:
-        node = graph.nodes[i]
-        return node.op in OPS and OPS[node.op].cost_class in _FUSED
-
-    def source(i: int) -> bool:
-        node = graph.nodes[i]
-        return node.op != "Op" and OPS[node.op].cost_class is CostClass.SOURCE
-
-    # cheap to recompute in every loop that reads it: reshapes and broadcasts, and what reads sources alone
-    shared = {i for i in live if fused(i) and (graph.nodes[i].op in ("Reshape", "Bcast") or all(
-        source(j) for j in graph.nodes[i].inputs))}  # fmt: skip
-    parent = {i: i for i in live if fused(i) and i not in shared}
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    def producers(i: int) -> list[int]:
-        """The loop ops i reads, through reshapes and broadcasts that i alone reads."""
-        found = []
-        for j in graph.nodes[i].inputs:
-            found += producers(j) if j in shared and len(consumers[j]) == 1 else [j] if j in parent else []
-        return found
-
-    for i in parent:
-        for j in producers(i):
-            if all(fused(c) for c in consumers[j]):  # read by loops alone: fused into them
-                parent[find(j)] = find(i)
-    groups: dict[int, list[int]] = {}
-    for i in parent:
-        groups.setdefault(find(i), []).append(i)
-    roots = set(graph.roots())
-    for i in shared:  # one read by a kernel (a broadcast weight) or a program output is a loop of its own
-        if i in roots or any(not fused(c) for c in consumers[i]):
-            groups[i] = [i]
-    units = []
-    for members in groups.values():
-        nodes = _with_shared(graph, members, shared)
-        if all(graph.nodes[i].op == "Reshape" for i in nodes):  # a bitcast: no kernel at all
-            continue
-        units.append(_unit(graph, "fused", nodes, consumers))
-    for i in live:
-        if not fused(i) and not source(i):
-            units.append(_unit(graph, "opaque" if graph.nodes[i].op == "Op" else "kernel", [i], consumers))
-    return units
-
-
-def _with_shared(graph: Graph, members: list[int], shared: set[int]) -> list[int]:
-    """The members and the shared ops they read (through other shared ops), in program order."""
-    found, stack = set(members), list(members)
-    while stack:
-        for j in graph.nodes[stack.pop()].inputs:
-            if j in shared and j not in found:
-                found.add(j)
-                stack.append(j)
-    return sorted(found)
-
-
-def _unit(graph: Graph, kind: str, nodes: list[int], consumers: dict[int, list[int]]) -> _Unit:
-    inside = set(nodes)
-    inputs = tuple(dict.fromkeys(j for i in nodes for j in graph.nodes[i].inputs if j not in inside))
-    roots = set(graph.roots())
-    outputs = tuple(i for i in nodes if i in roots or any(c not in inside for c in consumers[i]))
-    return _Unit(kind, tuple(nodes), inputs, outputs)
-
-
-def _key(graph: Graph, unit: _Unit) -> str:
-    """The unit's timing-cache key: an op of the table keyed as planning keys it; a fused loop or an opaque call by
-    a digest of what it computes (ops, attributes, parameters, how they connect), with its input shapes."""
-    in_shapes = [graph.nodes[j].shape for j in unit.inputs]
-    first = graph.nodes[unit.nodes[0]]
-    if unit.kind == "kernel":
-        return node_key(first.op, first.attrs, in_shapes, first.dtype)
-    where = {j: ("x", k) for k, j in enumerate(unit.inputs)} | {i: ("n", k) for k, i in enumerate(unit.nodes)}
-    described = []
-    for i in unit.nodes:
-        node = graph.nodes[i]
-        what: Any = node.attrs
-        if node.op == "Op":
-            call = graph.opaque[node.attrs[0]]
-            what = (call.primitive.name, sorted(call.params.items(), key=lambda kv: kv[0]))
-        described.append((node.op, what, [where[j] for j in node.inputs], node.shape, node.dtype))
-    described.append(("out", [where[i] for i in unit.outputs]))
-    text = _ADDRESS.sub("", repr(described)) + repr([graph.nodes[j].dtype for j in unit.inputs])
-    digest = hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
-    return node_key(f"census:{unit.kind}", (digest,), in_shapes, first.dtype)
-
-
-def _roofline(graph: Graph, unit: _Unit, profile: Profile) -> float:
-    total = 0.0
-    for i in unit.nodes:
-        node = graph.nodes[i]
-        in_shapes = [graph.nodes[j].shape for j in node.inputs]
-        total += node_cost(node.op, in_shapes, node.shape, node.dtype, profile, node.attrs).seconds
-    return total
-
-
-_SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int32": "i32", "int64": "i64"}
-
-
-def _type(shape: Any, dtype: Any) -> str:
-    """f32[2,112,112,32]; the tuple of a multi-result call is `tuple`."""
-    if shape is None:
-        return "tuple"
-    return f"{_SHORT.get(dtype, dtype)}[{','.join(map(str, shape))}]"
-
-
-def _describe(graph: Graph, unit: _Unit) -> tuple[str, str]:
-    """(name, detail) of a unit for people: the op or primitive, or the ops a loop fuses; its types."""
-    nodes = [graph.nodes[i] for i in unit.nodes]
-    types = " ".join(_type(graph.nodes[j].shape, graph.nodes[j].dtype) for j in unit.inputs)
-    out = " ".join(_type(graph.nodes[i].shape, graph.nodes[i].dtype) for i in unit.outputs)
-    if unit.kind == "fused":
-        counts: dict[str, int] = {}
-        for node in nodes:
-            if node.op != "Reshape":
-                counts[node.op] = counts.get(node.op, 0) + 1
-        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        name = "fused " + ",".join(op if n == 1 else f"{n} {op}" for op, n in ranked[:4])
-        name += ",..." if len(ranked) > 4 else ""
-        return name, f"{types} -> {out}"
-    node = nodes[0]
-    attrs = "" if unit.kind == "opaque" else _attrs_text(node.attrs)
-    return graph.op_name(node.op, node.attrs), f"{types} -> {out}" + (f" {attrs}" if attrs else "")
-
-
-def _attrs_text(attrs: tuple) -> str:
-    text = ",".join(map(str, attrs)).replace(" ", "")
-    return "" if not text else f"[{text}]" if len(text) <= 60 else f"[{text[:57]}...]"
-
-
-def _example(graph: Graph, j: int, seed: int) -> Any:
-    node = graph.nodes[j]
-    return jax.numpy.asarray(example_like(ShapedArray(node.shape, node.dtype), seed))
-
-
-def _alone(graph: Graph, unit: _Unit) -> float | None:
-    """The unit compiled alone on random inputs of its types and timed as the timing cache times a kernel."""
-    node = graph.nodes[unit.nodes[0]]
-    if node.op == "Op" and graph.opaque[node.attrs[0]].primitive.name in _UNMEASURABLE:
-        raise ValueError("a loop on random inputs may not end")
-    with jax.ensure_compile_time_eval():
-        args = tuple(_example(graph, j, seed) for seed, j in enumerate(unit.inputs))
-
-        def run(*xs: Any) -> list[Any]:
-            values = dict(zip(unit.inputs, xs, strict=True))
-            for i in unit.nodes:
-                n = graph.nodes[i]
-                values[i] = graph.apply(n.op, n.attrs, [values[j] for j in n.inputs], _no_variable)
-            return [values[i] for i in unit.outputs]
-
-        return timing.time_alone(jax.jit(run), args)
-
-
-def _no_variable(name: str) -> Any:
-    raise AssertionError(f"a kernel reads its inputs as arguments, not Var {name}")
-
-
 # ---------------------------------------------------------------------------------------------------- alternatives
 
 
-def _rivals(graph: Graph, classes: dict[str, _Unit], rules: Sequence[RuleSource]) -> dict[str, list[timing.Wanted]]:
+def _rivals(graph: Graph, classes: dict[str, Unit], rules: Sequence[RuleSource]) -> dict[str, list[timing.Wanted]]:
     """For each kernel class (key -> its first unit) of the table whose timing the roofline may miss: the other
     kernels the rules put in its e-class, found by saturating a program of these kernels alone on their input types
     (one e-graph for all)."""
@@ -495,7 +306,7 @@ def take(
     first, counts = _classes(graph)
     progress.begin("census", f"census: the alternatives of {len(first)} kernel classes")
     rivals = _rivals(graph, first, rules)
-    roofline = {key: _roofline(graph, unit, profile) for key, unit in first.items()}
+    roofline = {key: unit_roofline(graph, unit, profile) for key, unit in first.items()}
     # what to time: the kernels with alternatives first (and the alternatives), then by predicted time in all
     order = sorted(first, key=lambda k: (not rivals.get(k), -counts[k] * roofline[k]))
     wanted = [w for key in order for w in (_wanted(graph, key, first[key]), *rivals.get(key, []))]
@@ -528,19 +339,19 @@ def take(
     return census
 
 
-def _time(graph: Graph, first: dict[str, "_Unit"], wanted: timing.Wanted) -> float | None:
+def _time(graph: Graph, first: dict[str, Unit], wanted: timing.Wanted) -> float | None:
     """A kernel class timed alone: an op of the table as the timing cache times it; an opaque primitive or a fused
     group compiled as a program of its own."""
     unit = first.get(wanted.key)
-    return _alone(graph, unit) if unit is not None and unit.kind != "kernel" else timing.measure_one(wanted)
+    return measure_alone(graph, unit) if unit is not None and unit.kind != "kernel" else timing.measure_one(wanted)
 
 
-def _classes(graph: Graph) -> tuple[dict[str, "_Unit"], dict[str, int]]:
+def _classes(graph: Graph) -> tuple[dict[str, Unit], dict[str, int]]:
     """Each kernel class's first occurrence, and how often the class occurs, by key."""
-    first: dict[str, _Unit] = {}
+    first: dict[str, Unit] = {}
     counts: dict[str, int] = {}
-    for unit in _units(graph):
-        key = _key(graph, unit)
+    for unit in units(graph):
+        key = unit_key(graph, unit)
         first.setdefault(key, unit)
         counts[key] = counts.get(key, 0) + 1
     return first, counts
@@ -555,7 +366,7 @@ def _notes(census: Census, plan: Plan, here: bool) -> None:
         census.notes.append(f"eqsat runs the original: {plan.fallback}")
 
 
-def _wanted(graph: Graph, key: str, unit: "_Unit") -> timing.Wanted:
+def _wanted(graph: Graph, key: str, unit: Unit) -> timing.Wanted:
     """A kernel class to time: its first occurrence's op (or the census's own unit of a non-kernel), as inputs."""
     node = graph.nodes[unit.nodes[0]]
     dtypes = tuple(graph.nodes[j].dtype for j in unit.inputs)
@@ -580,10 +391,10 @@ def _kernel(
     ran: dict[str, int],
     entries: dict[str, float | None],
     profile: Profile,
-    unit: "_Unit",
+    unit: Unit,
 ) -> Kernel:
     """One row of the census: a kernel class, its times, and the alternative the plan runs in its place."""
-    kind_name, detail = _describe(graph, unit)
+    kind_name, detail = describe(graph, unit)
     chosen = max(alternatives, key=lambda w: ran.get(w.key, 0), default=None)
     chosen_count = ran.get(chosen.key, 0) if chosen is not None else 0
     chosen_s = None

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from eqsat.extract import provenance
-from eqsat.extract.cost import Cost, Profile
-from eqsat.extract.plan import Plan, PlanNode, original_costs
+from eqsat.extract.cost import Profile
+from eqsat.extract.plan import Plan, PlanNode, plan_costs
 from eqsat.ir import Graph, Node, Opaque, Role, Variable
 from eqsat.ops import OPS
 from eqsat.saturate import Snapshot, StopReason
@@ -336,49 +336,75 @@ def snapshots(snapshot: Snapshot | Repeated) -> list[Snapshot]:
 def compose(graph: Graph, parts: Split, glue: Plan, blocks: Sequence[Plan], profile: Profile) -> Plan:
     """The plan of the whole graph: the glue's, with each instance's call replaced by its block's plan reading the
     instance's inputs."""
-    nodes: list[PlanNode] = []
-    members: list[list[int]] = []
+    spliced = _Spliced()
     at: dict[int, int] = {}  # glue plan node -> plan node
     results: dict[int, list[int]] = {}  # glue plan node of a call -> the plan nodes of its results
-    named: dict[str, int] = {}  # a Var's plan node, by name: one per input or constant
-
-    def add(node: PlanNode, inputs: tuple[int, ...], stands_for: list[int]) -> int:
-        if node.op == "Var" and str(node.attrs[0]) in named:
-            return named[str(node.attrs[0])]
-        nodes.append(replace(node, inputs=inputs))
-        members.append(stands_for)
-        if node.op == "Var":
-            named[str(node.attrs[0])] = len(nodes) - 1
-        return len(nodes) - 1
-
     for g, node in enumerate(glue.nodes):
         if node.op == "Op" and node.attrs[0] in parts.calls:
             r, k = parts.calls[node.attrs[0]]
-            block, repeat = blocks[r], parts.repeats[r]
-            instance = repeat.instances[k]
-            first = len(repeat.inputs[k])  # the block graph's input Vars come before its instance's nodes
-            inputs = {f"b{m}": m for m in range(first) if m not in repeat.shared}
-            local: dict[int, int] = {}
-            for b, inner in enumerate(block.nodes):
-                if inner.op == "Var" and inner.attrs[0] in inputs:
-                    local[b] = at[node.inputs[inputs[inner.attrs[0]]]]
-                    continue
-                stands_for = [instance[m - first] for m in block.members[b] if m >= first]
-                local[b] = add(inner, tuple(local[j] for j in inner.inputs), stands_for)
-            results[g] = [local[o] for o in block.outputs]
+            results[g] = spliced.instance(blocks[r], parts.repeats[r], k, [at[j] for j in node.inputs])
         elif node.op == "Get" and node.inputs[0] in results:
             at[g] = results[node.inputs[0]][node.attrs[0]]
         else:
             stands_for = [parts.glue_of[m] for m in glue.members[g] if m in parts.glue_of]
-            at[g] = add(node, tuple(at[j] for j in node.inputs), stands_for)
-    provenance.attach(nodes, members, graph)
-    predicted = Cost()
-    for n in nodes:
-        predicted += n.cost
-    costs = original_costs(graph, profile)
-    original = Cost()
-    for cost in costs.values():
-        original += cost
+            at[g] = spliced.add(node, tuple(at[j] for j in node.inputs), stands_for)
+    provenance.attach(spliced.nodes, spliced.members, graph)
+    predicted, original, original_seconds = plan_costs(spliced.nodes, graph, profile)
+    fired = Counter(glue.rules_fired)
+    for block in blocks:
+        fired.update(block.rules_fired)
+    unsaturated = [p.stop_reason for p in (*blocks, glue) if p.stop_reason != StopReason.SATURATED]
+    return Plan(
+        target=glue.target,
+        nodes=spliced.nodes,
+        outputs=[at[o] for o in glue.outputs],
+        effects=[at[o] for o in glue.effects],
+        predicted=predicted,
+        original=original,
+        stop_reason=unsaturated[0] if unsaturated else glue.stop_reason,
+        stats=_stats(graph, parts, glue, blocks),
+        rules_fired=dict(fired),
+        graph=graph,
+        extraction=glue.extraction,
+        original_seconds=original_seconds,
+    )
+
+
+class _Spliced:
+    """The whole graph's plan nodes as compose adds them, with the original graph nodes each stands for; one Var
+    per input or constant, however many copies read it."""
+
+    def __init__(self) -> None:
+        self.nodes: list[PlanNode] = []
+        self.members: list[list[int]] = []
+        self.named: dict[str, int] = {}  # a Var's plan node, by name
+
+    def add(self, node: PlanNode, inputs: tuple[int, ...], stands_for: list[int]) -> int:
+        if node.op == "Var" and str(node.attrs[0]) in self.named:
+            return self.named[str(node.attrs[0])]
+        self.nodes.append(replace(node, inputs=inputs))
+        self.members.append(stands_for)
+        if node.op == "Var":
+            self.named[str(node.attrs[0])] = len(self.nodes) - 1
+        return len(self.nodes) - 1
+
+    def instance(self, block: Plan, repeat: Repeat, k: int, call_inputs: list[int]) -> list[int]:
+        """Add the block's plan as instance k, reading call_inputs (plan nodes); the plan nodes of its results."""
+        instance = repeat.instances[k]
+        first = len(repeat.inputs[k])  # the block graph's input Vars come before its instance's nodes
+        inputs = {f"b{m}": m for m in range(first) if m not in repeat.shared}
+        local: dict[int, int] = {}
+        for b, inner in enumerate(block.nodes):
+            if inner.op == "Var" and inner.attrs[0] in inputs:
+                local[b] = call_inputs[inputs[inner.attrs[0]]]
+                continue
+            stands_for = [instance[m - first] for m in block.members[b] if m >= first]
+            local[b] = self.add(inner, tuple(local[j] for j in inner.inputs), stands_for)
+        return [local[o] for o in block.outputs]
+
+
+def _stats(graph: Graph, parts: Split, glue: Plan, blocks: Sequence[Plan]) -> dict[str, Any]:
+    """The glue's statistics with the blocks' searches added in (their deepest saturation for the iterations)."""
     stats = dict(glue.stats)
     for block in blocks:
         for key, value in block.stats.items():
@@ -387,21 +413,4 @@ def compose(graph: Graph, parts: Split, glue: Plan, blocks: Sequence[Plan], prof
         stats["iterations"] = max(stats.get("iterations", 0), block.stats.get("iterations", 0))
     stats["original_nodes"] = len(graph.live())
     stats["repeated_layers"] = sum(len(repeat.instances) for repeat in parts.repeats)
-    fired = Counter(glue.rules_fired)
-    for block in blocks:
-        fired.update(block.rules_fired)
-    unsaturated = [p.stop_reason for p in (*blocks, glue) if p.stop_reason != StopReason.SATURATED]
-    return Plan(
-        target=glue.target,
-        nodes=nodes,
-        outputs=[at[o] for o in glue.outputs],
-        effects=[at[o] for o in glue.effects],
-        predicted=predicted,
-        original=original,
-        stop_reason=unsaturated[0] if unsaturated else glue.stop_reason,
-        stats=stats,
-        rules_fired=dict(fired),
-        graph=graph,
-        extraction=glue.extraction,
-        original_seconds=[costs[i].seconds if i in costs else 0.0 for i in range(len(graph.nodes))],
-    )
+    return stats

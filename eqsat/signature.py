@@ -5,6 +5,7 @@
 with the leaves from here to lowering (capture tags the graph's Vars with it; prepare orders leaves by it).
 """
 
+import inspect
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -18,7 +19,6 @@ from jax._src import (
 )
 from jax.core import ShapedArray
 
-from eqsat.capture import input_paths, stand_ins
 from eqsat.ir import Role, Variable
 from eqsat.sample import example_like
 from eqsat.sharding import explicit_sharding
@@ -164,3 +164,47 @@ def merge_params(positions: tuple[int, ...], params: tuple, rest: tuple) -> tupl
     given = {p % n: v for p, v in zip(positions, params, strict=True)}
     others = iter(rest)
     return tuple(given[i] if i in given else next(others) for i in range(n))
+
+
+def stand_ins(tree: Any, avals: Sequence[Any]) -> Any:
+    """The call's tree rebuilt from stand-ins of its leaves, of their shapes and dtypes: a pytree class may look at
+    its leaves as it is built, as jax.jit's tracers let it (integers in their place made planning give up)."""
+    leaves = [jax.ShapeDtypeStruct(a.shape, a.dtype) if hasattr(a, "shape") else a for a in avals]
+    return jax.tree_util.tree_unflatten(tree, leaves)
+
+
+def input_paths(fun: Callable[..., Any], tree: Any, avals: Sequence[Any], positions: Sequence[int]) -> list[str]:
+    """Each flat argument's place in the call as a person writes it, e.g. params.layers[0].wq.
+
+    tree: the flat arguments' tree of (dynamic positional arguments, keyword arguments), avals: its leaves'
+    abstract values; positions: each dynamic positional argument's index in the call (static ones are left out of
+    the tree)."""
+    try:
+        names = [
+            p.name
+            for p in inspect.signature(fun).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):  # a builtin or a callable without a signature
+        names = []
+    paths = []
+    for (group, head, *rest), _ in jax.tree_util.tree_flatten_with_path(stand_ins(tree, avals))[0]:
+        if group.idx == 0:
+            position = positions[head.idx]
+            name = names[position] if position < len(names) else f"args[{position}]"
+        else:
+            name = str(head.key)
+        paths.append(name + "".join(map(_key_text, rest)))
+    return paths
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, jax.tree_util.DictKey):
+        return f".{key.key}" if isinstance(key.key, str) and key.key.isidentifier() else f"[{key.key!r}]"
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        return f".{key.name}"
+    if isinstance(key, jax.tree_util.SequenceKey):
+        return f"[{key.idx}]"
+    if isinstance(key, jax.tree_util.FlattenedIndexKey):  # a child of a custom pytree node
+        return f"[{key.key}]"
+    return str(key)

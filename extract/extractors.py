@@ -122,7 +122,37 @@ def share(
     `full` is greedy's choice for every e-class (so a switched-to node's new children have choices). Stops after
     `seconds`, keeping what it found."""
     deadline = time.perf_counter() + seconds
-    readers: dict[str, dict[str, int]] = {}  # class m -> {class c: cheapest node of c that reads m}
+    readers = _cheapest_readers(nodes, costs)
+    dag = _Dag(nodes, costs, dict(full), roots)
+    for _ in range(rounds):
+        improved = False
+        lifts = {shared: _lift(readers, shared, dag, depth) for shared in readers if shared not in dag.counted}
+        unchanged = dag  # the lifts hold until a switch is taken
+        for _, shared in sorted((-width, shared) for shared, (_, width) in lifts.items() if width >= 2):
+            if time.perf_counter() > deadline:
+                return dag.choice
+            switch, width = lifts[shared] if dag is unchanged else _lift(readers, shared, dag, depth)
+            if shared in dag.counted or width < 2:
+                continue
+            try:
+                trial = dag.switched(switch)
+            except ValueError:
+                continue
+            trial = _improvement(trial, dag)
+            if trial is None:
+                continue
+            for c in switch:  # undo what does not pay on its own
+                if c in dag.counted and trial.choice[c] != dag.choice[c]:
+                    trial = _improvement(trial.switched({c: dag.choice[c]}), trial) or trial
+            dag, improved = trial, True
+        if not improved:
+            break
+    return dag.choice
+
+
+def _cheapest_readers(nodes: list[ENode], costs: list[float]) -> dict[str, dict[str, int]]:
+    """Class m -> {class c: the cheapest finite node of c that reads m}."""
+    readers: dict[str, dict[str, int]] = {}
     for i, node in enumerate(nodes):
         if math.isinf(costs[i]):
             continue
@@ -131,54 +161,31 @@ def share(
                 held = readers.setdefault(child, {})
                 if node.eclass not in held or costs[i] < costs[held[node.eclass]]:
                     held[node.eclass] = i
+    return readers
 
-    def lifted(shared: str, dag: _Dag) -> tuple[dict[str, int], int]:
-        """The switch to `shared`: readers up to `depth` levels, climbing only through classes not reached; and how
-        many reached classes it changes."""
-        switch: dict[str, int] = {}
-        frontier, width = [shared], 0
-        for _ in range(depth):
-            above = []
-            for m in frontier:
-                for c, i in readers.get(m, {}).items():
-                    if c not in switch and c != shared:
-                        switch[c] = i
-                        if c not in dag.counted:
-                            above.append(c)
-                        elif dag.counted[c] != i:
-                            width += 1
-            frontier = above
-        return switch, width
 
-    def improvement(trial: _Dag, than: _Dag) -> _Dag | None:
-        """The trial, settled, if it is acyclic and cheaper than `than`."""
-        return trial.settled() if trial.total < than.total * (1 - 1e-4) else None
+def _lift(readers: dict[str, dict[str, int]], shared: str, dag: _Dag, depth: int) -> tuple[dict[str, int], int]:
+    """The switch to `shared`: readers up to `depth` levels, climbing only through classes not reached; and how
+    many reached classes it changes."""
+    switch: dict[str, int] = {}
+    frontier, width = [shared], 0
+    for _ in range(depth):
+        above = []
+        for m in frontier:
+            for c, i in readers.get(m, {}).items():
+                if c not in switch and c != shared:
+                    switch[c] = i
+                    if c not in dag.counted:
+                        above.append(c)
+                    elif dag.counted[c] != i:
+                        width += 1
+        frontier = above
+    return switch, width
 
-    dag = _Dag(nodes, costs, dict(full), roots)
-    for _ in range(rounds):
-        improved = False
-        lifts = {shared: lifted(shared, dag) for shared in readers if shared not in dag.counted}
-        unchanged = dag  # the lifts hold until a switch is taken
-        for _, shared in sorted((-width, shared) for shared, (_, width) in lifts.items() if width >= 2):
-            if time.perf_counter() > deadline:
-                return dag.choice
-            switch, width = lifts[shared] if dag is unchanged else lifted(shared, dag)
-            if shared in dag.counted or width < 2:
-                continue
-            try:
-                trial = dag.switched(switch)
-            except ValueError:
-                continue
-            trial = improvement(trial, dag)
-            if trial is None:
-                continue
-            for c in switch:  # undo what does not pay on its own
-                if c in dag.counted and trial.choice[c] != dag.choice[c]:
-                    trial = improvement(trial.switched({c: dag.choice[c]}), trial) or trial
-            dag, improved = trial, True
-        if not improved:
-            break
-    return dag.choice
+
+def _improvement(trial: _Dag, than: _Dag) -> _Dag | None:
+    """The trial, settled, if it is acyclic and cheaper than `than`."""
+    return trial.settled() if trial.total < than.total * (1 - 1e-4) else None
 
 
 @dataclass

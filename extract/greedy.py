@@ -25,17 +25,8 @@ _BIT = np.arange(8)
 
 def greedy_dag(nodes: list[ENode], costs: list[float]) -> dict[str, int]:
     """The chosen e-node index per extractable e-class; nodes of infinite cost are never chosen. Costs are >= 0."""
-    class_ids: dict[str, int] = {}
-    for node in nodes:  # children too: a class may be referenced and have no nodes
-        for eclass in (node.eclass, *node.children):
-            class_ids.setdefault(eclass, len(class_ids))
+    class_ids, own, kids, parents = _class_graph(nodes)
     num_classes = len(class_ids)
-    own = [class_ids[node.eclass] for node in nodes]
-    kids = [tuple({class_ids[c]: None for c in node.children}) for node in nodes]  # distinct, in order
-    parents: list[list[int]] = [[] for _ in range(num_classes)]
-    for i, children in enumerate(kids):
-        for c in children:
-            parents[c].append(i)
     waiting = [len(children) for children in kids]  # child classes not final yet
 
     chosen = [-1] * num_classes
@@ -85,3 +76,19 @@ def greedy_dag(nodes: list[ENode], costs: list[float]) -> dict[str, int]:
                 offer(p)
     names = list(class_ids)
     return {names[k]: i for k, i in enumerate(chosen) if i >= 0}
+
+
+def _class_graph(nodes: list[ENode]) -> tuple[dict[str, int], list[int], list[tuple[int, ...]], list[list[int]]]:
+    """The e-classes numbered (children too: a class may be referenced and have no nodes); per node its class and
+    its distinct child classes, in order; per class the nodes that read it."""
+    class_ids: dict[str, int] = {}
+    for node in nodes:
+        for eclass in (node.eclass, *node.children):
+            class_ids.setdefault(eclass, len(class_ids))
+    own = [class_ids[node.eclass] for node in nodes]
+    kids = [tuple({class_ids[c]: None for c in node.children}) for node in nodes]
+    parents: list[list[int]] = [[] for _ in class_ids]
+    for i, children in enumerate(kids):
+        for c in children:
+            parents[c].append(i)
+    return class_ids, own, kids, parents

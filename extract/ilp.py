@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import Bounds, LinearConstraint, OptimizeResult, milp
 from scipy.sparse import coo_array
 
 from eqsat import graph_walk
@@ -32,69 +32,13 @@ def ilp_extract(
     candidates = _prune(nodes, costs, roots)
     if not candidates:  # nothing to extract (a function that returns nothing): the empty choice is optimal
         return {}, 0.0, True
-    classes = list(dict.fromkeys(nodes[i].eclass for i in candidates))
-    cid = {c: k for k, c in enumerate(classes)}
     warm_cost = math.inf
     if warm_start is not None:
         try:
             warm_cost = dag_cost(nodes, costs, warm_start, roots)
         except ValueError:  # incomplete or cyclic: not a solution, so no bound either
             warm_cost = math.inf
-
-    n_x, n_a = len(candidates), len(classes)
-    component = _cyclic_components(nodes, candidates, cid)
-    order_var = {k: n_x + n_a + j for j, k in enumerate(component)}
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    lower: list[float] = []
-    upper: list[float] = []
-
-    def row(entries: list[tuple[int, float]], lo: float, hi: float) -> None:
-        r = len(lower)
-        for col, val in entries:
-            rows.append(r)
-            cols.append(col)
-            vals.append(val)
-        lower.append(lo)
-        upper.append(hi)
-
-    members: list[list[tuple[int, float]]] = [[(n_x + k, -1.0)] for k in range(n_a)]
-    for j, i in enumerate(candidates):
-        members[cid[nodes[i].eclass]].append((j, 1.0))
-    for entries in members:
-        row(entries, 0.0, 0.0)  # sum of the class's x = a_c
-    for j, i in enumerate(candidates):
-        k = cid[nodes[i].eclass]
-        for d in dict.fromkeys(cid[c] for c in nodes[i].children):
-            row([(j, 1.0), (n_x + d, -1.0)], -np.inf, 0.0)  # x_n <= a_child
-            if k in component and component.get(d) == component[k]:
-                big = float(component[k][1])
-                row([(order_var[k], 1.0), (order_var[d], -1.0), (j, -big)], 1.0 - big, np.inf)
-
-    positive = [costs[i] for i in candidates if costs[i] > 0]
-    scale = max(positive, default=1.0)  # HiGHS's absolute gap (1e-6) would swamp costs measured in seconds
-    objective = np.zeros(n_x + n_a + len(order_var))
-    objective[:n_x] = [costs[i] / scale for i in candidates]
-    if math.isfinite(warm_cost):
-        row([(j, objective[j]) for j in range(n_x)], -np.inf, warm_cost / scale * (1 + 1e-9) + 1e-9)
-
-    lb = np.zeros(len(objective))
-    ub = np.ones(len(objective))
-    for r in roots:
-        lb[n_x + cid[r]] = 1.0
-    for k, var in order_var.items():
-        ub[var] = component[k][1] - 1
-    integrality = np.zeros(len(objective))
-    integrality[:n_x] = 1
-    shape = (len(lower), len(objective))
-    result = milp(
-        objective,
-        integrality=integrality,
-        bounds=Bounds(lb, ub),
-        constraints=LinearConstraint(coo_array((vals, (rows, cols)), shape=shape).tocsr(), lower, upper),
-        options={"time_limit": time_limit, "mip_rel_gap": 1e-6},
-    )
+    result = _solve(nodes, costs, roots, candidates, warm_cost, time_limit)
     proven = result.status == 0
     if result.x is not None:
         picked: dict[str, int] = {}
@@ -108,6 +52,78 @@ def ilp_extract(
     if warm_start is not None and math.isfinite(warm_cost):
         return {c: warm_start[c] for c in reachable(nodes, warm_start, roots)}, warm_cost, proven
     raise RuntimeError(f"the ILP found no extraction within {time_limit} s: {result.message}")
+
+
+class _Rows:
+    """A sparse constraint matrix built one row at a time: lower <= A x <= upper."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+
+    def add(self, entries: list[tuple[int, float]], lo: float, hi: float) -> None:
+        r = len(self.lower)
+        for col, val in entries:
+            self.rows.append(r)
+            self.cols.append(col)
+            self.vals.append(val)
+        self.lower.append(lo)
+        self.upper.append(hi)
+
+    def constraint(self, n_vars: int) -> LinearConstraint:
+        matrix = coo_array((self.vals, (self.rows, self.cols)), shape=(len(self.lower), n_vars))
+        return LinearConstraint(matrix.tocsr(), self.lower, self.upper)
+
+
+def _solve(
+    nodes: list[ENode], costs: list[float], roots: list[str], candidates: list[int], warm_cost: float, time_limit: float
+) -> OptimizeResult:
+    """The program over the candidates (x_n are its first len(candidates) variables) solved by HiGHS; a finite
+    warm_cost bounds the objective from above."""
+    classes = list(dict.fromkeys(nodes[i].eclass for i in candidates))
+    cid = {c: k for k, c in enumerate(classes)}
+    n_x, n_a = len(candidates), len(classes)
+    component = _cyclic_components(nodes, candidates, cid)
+    order_var = {k: n_x + n_a + j for j, k in enumerate(component)}
+    rows = _Rows()
+    members: list[list[tuple[int, float]]] = [[(n_x + k, -1.0)] for k in range(n_a)]
+    for j, i in enumerate(candidates):
+        members[cid[nodes[i].eclass]].append((j, 1.0))
+    for entries in members:
+        rows.add(entries, 0.0, 0.0)  # sum of the class's x = a_c
+    for j, i in enumerate(candidates):
+        k = cid[nodes[i].eclass]
+        for d in dict.fromkeys(cid[c] for c in nodes[i].children):
+            rows.add([(j, 1.0), (n_x + d, -1.0)], -np.inf, 0.0)  # x_n <= a_child
+            if k in component and component.get(d) == component[k]:
+                big = float(component[k][1])
+                rows.add([(order_var[k], 1.0), (order_var[d], -1.0), (j, -big)], 1.0 - big, np.inf)
+
+    positive = [costs[i] for i in candidates if costs[i] > 0]
+    scale = max(positive, default=1.0)  # HiGHS's absolute gap (1e-6) would swamp costs measured in seconds
+    objective = np.zeros(n_x + n_a + len(order_var))
+    objective[:n_x] = [costs[i] / scale for i in candidates]
+    if math.isfinite(warm_cost):
+        rows.add([(j, objective[j]) for j in range(n_x)], -np.inf, warm_cost / scale * (1 + 1e-9) + 1e-9)
+
+    lb = np.zeros(len(objective))
+    ub = np.ones(len(objective))
+    for r in roots:
+        lb[n_x + cid[r]] = 1.0
+    for k, var in order_var.items():
+        ub[var] = component[k][1] - 1
+    integrality = np.zeros(len(objective))
+    integrality[:n_x] = 1
+    return milp(
+        objective,
+        integrality=integrality,
+        bounds=Bounds(lb, ub),
+        constraints=rows.constraint(len(objective)),
+        options={"time_limit": time_limit, "mip_rel_gap": 1e-6},
+    )
 
 
 def _prune(nodes: list[ENode], costs: list[float], roots: list[str]) -> list[int]:

@@ -263,6 +263,17 @@ def original_costs(graph: Graph, profile: Profile) -> dict[int, Cost]:
     return costs
 
 
+def plan_costs(nodes: list[PlanNode], graph: Graph, profile: Profile) -> tuple[Cost, Cost, list[float]]:
+    """A plan's predicted cost (its nodes' sum), the original program's, and the seconds of each original node."""
+    predicted, original = Cost(), Cost()
+    for n in nodes:
+        predicted += n.cost
+    costs = original_costs(graph, profile)
+    for cost in costs.values():
+        original += cost
+    return predicted, original, [costs[i].seconds if i in costs else 0.0 for i in range(len(graph.nodes))]
+
+
 def _cost(node: ENode, snapshot: Snapshot, profile: Profile) -> float:
     if node.op in _STRUCTURAL:
         return 0.0
@@ -327,12 +338,7 @@ def _assemble(
     lists: dict[str, tuple[int, ...]] = {}  # TList e-class -> plan nodes
     plan_nodes: list[PlanNode] = []
     members: list[list[int]] = []  # per plan node: the original graph nodes it stands for
-    originals: dict[tuple, list[int]] = {}  # an original node's key (or, under None, e-class) -> its graph nodes
-    live = graph.live()
-    for g, key in enumerate(_original_keys(graph, snapshot)):
-        if g in live:
-            originals.setdefault(key, []).append(g)
-            originals.setdefault((None, key[0]), []).append(g)
+    originals = _live_originals(graph, snapshot)
     for i in order:
         node = nodes[i]
         if node.op == "TNil":
@@ -353,20 +359,40 @@ def _assemble(
         plan_nodes.append(PlanNode(node.op, inputs, tuple(node.attrs), shape, dtype, cost, rewritten, weight[i]))
         members.append(originals.get((None, node.eclass) if rewritten else _key(node), []))
         index[node.eclass] = len(plan_nodes) - 1
-    per_call_reads = set(index[snapshot.orig[i]] for i in graph.outputs)
+    outputs = [index[snapshot.orig[i]] for i in graph.outputs]
+    effects = [index[snapshot.orig[i]] for i in graph.effects]
+    per_call_reads = set(outputs)
     per_call_reads.update(j for n in plan_nodes if not n.weight for j in n.inputs)
     for j in per_call_reads & per_call_cost.keys():
         plan_nodes[j] = dataclasses.replace(plan_nodes[j], weight=False, cost=per_call_cost[j])
     provenance.attach(plan_nodes, members, graph)
-    outputs = [index[snapshot.orig[i]] for i in graph.outputs]
-    effects = [index[snapshot.orig[i]] for i in graph.effects]
     plan_nodes = widen(plan_nodes, [*outputs, *effects], profile)
-    predicted, original = Cost(), Cost()
-    for n in plan_nodes:
-        predicted += n.cost
-    costs = original_costs(graph, profile)
-    for cost in costs.values():
-        original += cost
+    return _plan(graph, snapshot, profile, plan_nodes, outputs, effects, members)
+
+
+def _live_originals(graph: Graph, snapshot: Snapshot) -> dict[tuple, list[int]]:
+    """An original node's key (or, under (None, e-class), its e-class) -> the live graph nodes it is."""
+    originals: dict[tuple, list[int]] = {}
+    live = graph.live()
+    for g, key in enumerate(_original_keys(graph, snapshot)):
+        if g in live:
+            originals.setdefault(key, []).append(g)
+            originals.setdefault((None, key[0]), []).append(g)
+    return originals
+
+
+def _plan(
+    graph: Graph,
+    snapshot: Snapshot,
+    profile: Profile,
+    plan_nodes: list[PlanNode],
+    outputs: list[int],
+    effects: list[int],
+    members: list[list[int]],
+) -> Plan:
+    """The plan of the assembled nodes, with its predicted cost beside the original program's and the search's
+    statistics."""
+    predicted, original, original_seconds = plan_costs(plan_nodes, graph, profile)
     return Plan(
         target=profile.name,
         nodes=plan_nodes,
@@ -379,12 +405,12 @@ def _assemble(
             "original_nodes": len(graph.live()),
             "bodies_rewritten": graph.bodies_rewritten,
             "iterations": snapshot.iterations,
-            "enodes": len(nodes),
+            "enodes": len(snapshot.nodes),
             "eclasses": snapshot.num_classes,
         },
         rules_fired={name: count for name, count in snapshot.rule_matches.items() if count},
         graph=graph,
-        original_seconds=[costs[i].seconds if i in costs else 0.0 for i in range(len(graph.nodes))],
+        original_seconds=original_seconds,
         members=members,
     )
 

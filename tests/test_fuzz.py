@@ -8,7 +8,7 @@ from jax import lax
 
 import eqsat
 from eqsat import tolerance
-from eqsat.tools import fuzz
+from eqsat.tools import fuzz, fuzz_cases
 
 # 300 cases of one seed in chunks, so that pytest-xdist spreads them over the workers (about 1 s a case on one
 # core; `python -m eqsat fuzz --n 10000 --seed S --jobs 2` runs more)
@@ -17,19 +17,19 @@ _CHUNK, _CHUNKS = 10, 30
 
 @pytest.mark.parametrize("chunk", range(_CHUNKS))
 def test_random_programs_under_random_transformations_agree_with_jax_jit(chunk: int) -> None:
-    outcomes = [fuzz.run_case(fuzz.draw_case(0, i)) for i in range(chunk * _CHUNK, (chunk + 1) * _CHUNK)]
+    outcomes = [fuzz.run_case(fuzz_cases.draw_case(0, i)) for i in range(chunk * _CHUNK, (chunk + 1) * _CHUNK)]
     failures = [f"{o.status}: {o.case.describe()}\n{o.detail}" for o in outcomes if o.status in fuzz.FAILURES]
     assert not failures, "\n\n".join(failures)
     assert sum(o.status != "invalid" for o in outcomes) >= _CHUNK // 2  # the cases ran, not skipped
 
 
 def test_cases_are_reproducible_and_varied() -> None:
-    a, b = fuzz.draw_case(3, 17), fuzz.draw_case(3, 17)
+    a, b = fuzz_cases.draw_case(3, 17), fuzz_cases.draw_case(3, 17)
     assert repr(a.program) == repr(b.program) and a.transform == b.transform and a.tree == b.tree
-    drawn = [fuzz.draw_case(0, i) for i in range(200)]
-    assert {c.transform for c in drawn} == set(fuzz.TRANSFORMS)
-    assert {c.body for c in drawn} == set(fuzz.BODIES)
-    assert {c.program.dtype for c in drawn} == set(fuzz.DTYPES)
+    drawn = [fuzz_cases.draw_case(0, i) for i in range(200)]
+    assert {c.transform for c in drawn} == set(fuzz_cases.TRANSFORMS)
+    assert {c.body for c in drawn} == set(fuzz_cases.BODIES)
+    assert {c.program.dtype for c in drawn} == set(fuzz_cases.DTYPES)
 
 
 def test_a_mismatch_is_reported() -> None:
@@ -73,5 +73,5 @@ def test_low_precision_results_may_re_round_where_terms_cancel() -> None:
 def test_a_result_more_accurate_than_jax_jits_is_no_mismatch() -> None:
     """Seed 2032, case 266: log_softmax over an axis of one element is exactly 0; jax.jit's naive form gives 3e-8
     and the stable plan 0, which the per-element tolerance (of a scale of 3e-8) alone called a mismatch."""
-    outcome = fuzz.run_case(fuzz.draw_case(2032, 266))
+    outcome = fuzz.run_case(fuzz_cases.draw_case(2032, 266))
     assert outcome.status == "ok", outcome.detail

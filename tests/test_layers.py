@@ -38,13 +38,16 @@ LAYERS: list[tuple[str, set[str]]] = [
         "eqsat.validate",
     }),
     # the census is a tool, beside the API so that fast.profile() can take one (imported inside the method)
-    ("API", {"eqsat.api", "eqsat.buckets", "eqsat.census", "eqsat.dispatcher", "eqsat.jit_dispatch", "eqsat.prepare"}),
+    ("API", {
+        "eqsat.api", "eqsat.buckets", "eqsat.census", "eqsat.census_kernels", "eqsat.dispatcher", "eqsat.jit_dispatch",
+        "eqsat.prepare",
+    }),
     # eqsat/tools/: the command line, examples, fuzzing, generators, rule verification, calibration, the HTML report
     ("tools", {
-        "eqsat.__main__", "eqsat.tools", "eqsat.tools.main", "eqsat.tools.cli", "eqsat.tools.examples",
-        "eqsat.tools.calibrate", "eqsat.tools.html_report", "eqsat.tools.gen_algebra", "eqsat.tools.gen_conv",
-        "eqsat.tools.generators", "eqsat.tools.program", "eqsat.tools.verify", "eqsat.tools.versus",
-        "eqsat.tools.fuzz", "eqsat.tools.gen_losses",
+        "eqsat.__main__", "eqsat.tools", "eqsat.tools.main", "eqsat.tools.cli", "eqsat.tools.cli_measure",
+        "eqsat.tools.examples", "eqsat.tools.calibrate", "eqsat.tools.html_report", "eqsat.tools.gen_algebra",
+        "eqsat.tools.gen_conv", "eqsat.tools.generators", "eqsat.tools.program", "eqsat.tools.verify",
+        "eqsat.tools.versus", "eqsat.tools.fuzz", "eqsat.tools.fuzz_cases", "eqsat.tools.gen_losses",
     }),
 ]  # fmt: skip
 LAYER = {module: depth for depth, (_, modules) in enumerate(LAYERS) for module in modules}
@@ -158,3 +161,35 @@ def test_every_module_imports_alone_in_a_fresh_interpreter(tmp_path):
     with ThreadPoolExecutor(4) as pool:
         failed = {m: p for m, p in zip(MODULES, pool.map(problem, MODULES), strict=True) if p}
     assert not failed, failed
+
+
+REPO = Path(__file__).resolve().parents[1]
+SIZED = ("eqsat", "extract", "backends", "rules")  # the installed package's folders
+MAX_FILE_LINES = 500
+MAX_FUNCTION_LINES = 60
+LONG_FILES_ALLOWED = {"eqsat/ops.py"}  # the op table's data
+
+
+def _sized_files() -> list[Path]:
+    return sorted(p for folder in SIZED for p in (REPO / folder).rglob("*.py"))
+
+
+def test_no_source_file_is_too_long():
+    long = [
+        f"{path.relative_to(REPO)}: {lines} lines"
+        for path in _sized_files()
+        if (lines := len(path.read_text().splitlines())) > MAX_FILE_LINES
+        and path.relative_to(REPO).as_posix() not in LONG_FILES_ALLOWED
+    ]
+    assert not long, f"over {MAX_FILE_LINES} lines: split along a seam\n" + "\n".join(long)
+
+
+def test_no_function_is_too_long():
+    long = [
+        f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for path in _sized_files()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"over {MAX_FUNCTION_LINES} lines (docstring included): split along a seam\n" + "\n".join(long)

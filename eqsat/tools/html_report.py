@@ -329,26 +329,12 @@ def to_html(
     """Write a self-contained HTML report and return its path: the plan against its original program, or, with
     `versus`, the two plans (two targets, two rule sets) against each other, region by region. `census`: the
     program's kernel census (eqsat/census.py), drawn first as a chart."""
-    if versus is None:
-        if original_graph(plan) is None:
-            raise ValueError("this plan has no record of its original program to draw it against")
-        first, second = original_program(plan), plan_program(plan)
-        names, rules, kinds = ("original", "plan"), plan.rules_fired, ("original", "plan")
-        title = f"eqsat plan for target {plan.target}: {plan.predicted_speedup:.2f}x predicted"
-        comparable = True
-    else:
-        first, second = plan_program(plan), plan_program(versus)
-        names, rules, kinds = labels, versus.rules_fired, ("original", "plan")
-        title = f"eqsat plans {labels[0]} ({plan.target}) and {labels[1]} ({versus.target})"
-        different = program_difference(plan, versus, labels)
-        title += f", of different programs ({different})" if different else ""
-        comparable = plan.target == versus.target and not different  # no speed-up between two programs
-    found = regions(first, second, rules, comparable)
+    first, second, names, title, found = _sides(plan, versus, labels)
     only_first, only_second = unmatched(first, second)
     only_second |= {i for i, n in enumerate(second.nodes) if n.rewritten and versus is None}
     data = {
-        "pane-a": _pane(first, only_first, found, kinds[0]),
-        "pane-b": _pane(second, only_second, found, kinds[1]),
+        "pane-a": _pane(first, only_first, found, "original"),
+        "pane-b": _pane(second, only_second, found, "plan"),
     }
     time_a = sum(node_seconds(n) for n in first.nodes)
     time_b = sum(node_seconds(n) for n in second.nodes)
@@ -376,20 +362,46 @@ def to_html(
         "<h2>Per-node cost</h2>",
         _per_node(plan),
     ]
+    path = Path(path)
+    path.write_text(_page(title, body, data, census_data if chart else None), encoding="utf-8")
+    return path
+
+
+def _sides(
+    plan: Plan, versus: Plan | None, labels: tuple[str, str]
+) -> tuple[Program, Program, tuple[str, str], str, list[Region]]:
+    """The two programs drawn (the original and the plan, or the two plans), their names, the page's title and the
+    regions matched between them."""
+    if versus is None:
+        if original_graph(plan) is None:
+            raise ValueError("this plan has no record of its original program to draw it against")
+        first, second = original_program(plan), plan_program(plan)
+        names, rules = ("original", "plan"), plan.rules_fired
+        title = f"eqsat plan for target {plan.target}: {plan.predicted_speedup:.2f}x predicted"
+        comparable = True
+    else:
+        first, second = plan_program(plan), plan_program(versus)
+        names, rules = labels, versus.rules_fired
+        title = f"eqsat plans {labels[0]} ({plan.target}) and {labels[1]} ({versus.target})"
+        different = program_difference(plan, versus, labels)
+        title += f", of different programs ({different})" if different else ""
+        comparable = plan.target == versus.target and not different  # no speed-up between two programs
+    return first, second, names, title, regions(first, second, rules, comparable)
+
+
+def _page(title: str, body: list[str], graphs: dict[str, Any], census_data: Any) -> str:
+    """The self-contained page: the body, the graphs' (and census's, where given) data and the scripts inlined."""
     vendor = resources.files("eqsat.extract")
     scripts = (vendor / "vendor" / "elk.bundled.js").read_text() + "\n" + (vendor / "report.js").read_text()
-    graph_json = _script_json(data)
-    page = (
+    census_json = _script_json(census_data) if census_data is not None else None
+    return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n<body>\n"
         + "\n".join(body)
-        + f'\n<script type="application/json" id="graph-data">{graph_json}</script>\n'
-        + (f'<script type="application/json" id="census-data">{_script_json(census_data)}</script>\n' if chart else "")
+        + f'\n<script type="application/json" id="graph-data">{_script_json(graphs)}</script>\n'
+        + (f'<script type="application/json" id="census-data">{census_json}</script>\n' if census_json else "")
         + f"<script>\n{scripts}\n</script>\n</body></html>\n"
     )
-    path = Path(path)
-    path.write_text(page, encoding="utf-8")
-    return path
 
 
 def _script_json(data: Any) -> str:

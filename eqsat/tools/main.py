@@ -8,7 +8,8 @@ import time
 from typing import Any
 
 from eqsat.progress import configure_logging, live_progress
-from eqsat.tools.cli import add_common_flags, add_optimize_command, add_profile_command, add_tune_command, number
+from eqsat.tools.cli import add_common_flags, add_optimize_command, number
+from eqsat.tools.cli_measure import add_profile_command, add_tune_command
 
 
 def demo(args: argparse.Namespace) -> int:

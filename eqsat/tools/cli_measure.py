@@ -1,0 +1,124 @@
+"""`python -m eqsat tune` and `python -m eqsat profile`: the commands that measure a function's kernels on this
+device, into the timing cache or as a kernel census."""
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from eqsat.tools.cli import add_what, number, reporting, target_profile, workload, write_file
+
+
+def _tune(args: argparse.Namespace) -> int:
+    """The tune command: warm the timing cache for a function, or export / import / list cache files."""
+    from eqsat.extract import timing
+
+    if args.import_file:
+        incoming = timing.parse(Path(args.import_file).read_bytes(), args.import_file)
+        cache = timing.cache_for(incoming.device)
+        added = cache.merge(incoming)
+        cache.save()
+        print(f"imported {added} new timings for {incoming.device} ({incoming.versions}) into {cache.path}")
+        return 0
+    if args.export_file:
+        cache = timing.cache_for(args.device or timing.local_device())
+        print(f"wrote {write_file(Path(args.export_file), cache.to_json())}: {len(cache.entries)} timings "
+              f"for {cache.device} ({cache.versions})")  # fmt: skip
+        return 0
+    if args.function is None and args.bench is None:
+        for path in sorted(timing.cache_path("x").parent.glob("*.json")):
+            cache = timing.parse(path.read_bytes(), str(path))
+            print(f"{path}: {len(cache.entries)} timings for {cache.device} ({cache.versions})")
+        return 0
+    return _warm(args)
+
+
+def _warm(args: argparse.Namespace) -> int:
+    import eqsat
+    from eqsat import progress
+    from eqsat.extract import timing
+
+    profile = target_profile(args.target)
+    work = workload(args)
+    limits = eqsat.Limits(measure_seconds=args.budget, timing_transfer=0)  # measured at these very shapes
+    with progress.live_progress(None if args.progress else False):
+        plan = eqsat.optimize(work.fn, target=args.target, limits=limits, validate=False).plan(*work.args)
+    if profile.timing_device:  # what the command is for: an error where the cache cannot be written
+        timing.cache_for(profile.timing_device).save()
+    stats = plan.stats
+    print(
+        f"{work.name}: timing cache for {profile.timing_device or '(none: this profile names no device)'}: "
+        f"{int(stats.get('timing_hits', 0))} already measured, {int(stats.get('timing_measured', 0))} measured now "
+        f"in {stats.get('measure_s', 0.0):.1f} s, {int(stats.get('timing_skipped', 0))} left over the budget"
+    )
+    return 0
+
+
+def add_tune_command(commands: Any) -> None:
+    """Register `tune` on the CLI's subparsers."""
+    p = commands.add_parser(
+        "tune",
+        help="warm the timing cache (measured kernel costs) ahead of time; export, import or list cache files",
+        description="Measure the rival kernels of a function's plan on this device and keep them in the timing "
+        "cache, so later optimizations measure nothing; or move a cache between machines: a cache measured on "
+        "a GPU and imported here plans for that GPU's profile.",
+        epilog="examples:\n  python -m eqsat tune mypkg.model:forward --args f32[2,224,224,3]\n"
+        "  python -m eqsat tune --export h200.json --device 'gpu:NVIDIA H200'\n"
+        "  python -m eqsat tune --import h200.json\n  python -m eqsat tune            # list the cache files",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_what(p, "tune")
+    p.add_argument("--target", default="cpu", help="device profile whose timing cache to warm (default: cpu)")
+    p.add_argument("--budget", type=number(float, 0), default=60.0, help="seconds of measuring at most (default 60)")
+    p.add_argument("--export", dest="export_file", metavar="FILE", help="write a device's timing cache to FILE")
+    p.add_argument("--device", help="the device to export (default: this one), as the cache names it")
+    p.add_argument("--import", dest="import_file", metavar="FILE", help="merge a timing cache file into the cache")
+    p.set_defaults(run=reporting("tune", _tune, (ValueError,)))
+
+
+def _profile(args: argparse.Namespace) -> int:
+    """The profile command: the kernel census of one function (eqsat/census.py)."""
+    import eqsat
+    from eqsat import census, progress
+    from eqsat.tools import html_report
+
+    target_profile(args.target)
+    work = workload(args)
+    with progress.live_progress(None if args.progress else False):
+        fast = eqsat.optimize(work.fn, target=args.target, background=False)
+        found = census.profile(fast, work.args, budget=args.budget, seconds=args.seconds)
+    found.name = work.name
+    census.echo(found)
+    if args.json:
+        print(f"wrote {found.save(args.json)}")
+    if args.html:
+        print(f"wrote {html_report.to_html(fast.plan(*work.args, prepared=False), args.html, census=found)}")
+    return 0
+
+
+def add_profile_command(commands: Any) -> None:
+    """Register `profile` on the CLI's subparsers."""
+    p = commands.add_parser(
+        "profile",
+        help="the kernel census: every kernel of a function timed alone against its roofline, and what eqsat chose",
+        description="Time every distinct kernel of the function's program alone on this device (through the timing "
+        "cache: kernels measured before cost nothing), set each against its roofline price, name the alternatives "
+        "its e-class holds and the one the plan runs, and time the original and the plan end to end. Sorted by the "
+        "time lost against the roofline.",
+        epilog="examples:\n  python -m eqsat profile mypkg.model:forward --args f32[2,224,224,3] --json census.json\n"
+        "  python -m eqsat profile --bench resnext50 --scale small --html census.html",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_what(p, "profile")
+    p.add_argument("--target", default="cpu", help="device profile whose roofline prices the kernels (default: cpu)")
+    p.add_argument(
+        "--budget", type=number(float, 0), default=30.0, help="seconds of measuring new kernels at most (default 30)"
+    )
+    p.add_argument(
+        "--seconds",
+        type=number(float, 0),
+        default=2.0,
+        help="seconds timing the program end to end (default 2; 0: the kernels alone, nothing compiled whole)",
+    )
+    p.add_argument("--json", metavar="OUT.json", help="save the census (eqsat.census.load_census reads it)")
+    p.add_argument("--html", metavar="OUT.html", help="the plan's report with the census drawn as a chart")
+    p.set_defaults(run=reporting("profile", _profile))
