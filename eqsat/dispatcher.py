@@ -28,7 +28,7 @@ from typing import Any
 import jax
 from jax._src import config
 
-from eqsat import background, guard, validate
+from eqsat import background, validate
 from eqsat.budget import check_budget
 from eqsat.errors import EqsatError, EqsatWarning
 from eqsat.jit_dispatch import JitDispatch, called_eagerly, inlined, unexplained
@@ -101,7 +101,7 @@ class Dispatcher:
         if raced or self.owed():
             out = self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out, raced=raced)
         if self.plans.measuring:
-            self._measure_live(args, kwargs)
+            self._measure_live(args, kwargs, out)
         epoch = self.plans.epoch  # read before the checks: a move after it leaves the fast path off
         if not self.owed() and self.dispatch.landings == self.plans.landings:
             self.quiet = epoch
@@ -119,7 +119,7 @@ class Dispatcher:
         self._validate(entry, flat, measure=False)
 
     @unexplained
-    def _measure_live(self, args: tuple, kwargs: dict[str, Any]) -> None:
+    def _measure_live(self, args: tuple, kwargs: dict[str, Any], out: Any) -> None:
         """Where the guard was undecided on this call's signature, one call in guard.LIVE_EVERY times both programs
         on its arguments, one more round (the program the dispatch runs as it runs it, the other one alone); once
         the rounds decide, the entry settles, and every dispatch of these plans traces again where what runs
@@ -128,27 +128,12 @@ class Dispatcher:
         entry = self.cache.get((signature, False))
         if entry is None or id(entry) not in self.plans.measuring or self.dispatch.donates or not concrete(flat):
             return
-        entry.live_calls += 1
-        if entry.live_calls % guard.LIVE_EVERY or not entry.lock.acquire(blocking=False):
-            return
-        try:
-            if not entry.undecided:  # settled by another thread's call meanwhile
-                return
-            dispatched = functools.partial(self.dispatch.run, *args, **kwargs)
-            other = functools.partial(
-                validate.compiled_original(entry) if entry.state is State.TRIAL else entry.runs, *flat
-            )
-            optimized, original = (dispatched, other) if entry.state is State.TRIAL else (other, dispatched)
-            runs = entry.call
-            with jax.core.eval_context():
-                entry.apply(validate.timed_live(self.planner, entry, optimized, original))
-            if not entry.undecided:
-                self.plans.measuring.discard(id(entry))
-                entry.reference = None
-                if entry.call is not runs:
-                    self.plans.land()  # every dispatch of these plans traces it again
-        finally:
-            entry.lock.release()
+        runs = entry.call
+        dispatched, plan = functools.partial(self.dispatch.run, *args, **kwargs), functools.partial(entry.runs, *flat)
+        if validate.measured_live(self.planner, entry, flat, dispatched, plan, ran=out):
+            self.plans.measuring.discard(id(entry))
+            if entry.call is not runs:
+                self.plans.land()  # every dispatch of these plans traces it again
 
     def _switch_dispatch(self) -> None:
         """To the dispatch the planning thread compiled a plan in, where it did; else a fresh trace cache."""

@@ -1,6 +1,7 @@
 """Plans kept across processes: each plan stored as versioned JSON in the cache directory, by a key of its program
 (the captured jaxpr and its constants) and of everything else that decides it (target profile, rules, limits,
-extractor, parameters, eqsat's and jax's versions).
+extractor, parameters, eqsat's and jax's versions, and the hardware: a plan stored with its refusal by the guard
+was measured on one machine, and is measured again on another).
 
 A new process optimizing the same function traces it, finds the plan by that key and skips saturation and
 extraction; capture (one pass over the equations, which gives the constants and opaque calls a plan runs with)
@@ -18,6 +19,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import platform
 import re
 import warnings
 from collections.abc import Sequence
@@ -51,7 +53,7 @@ def program_key(closed: jcore.ClosedJaxpr, settings: tuple) -> str:
     """The key of a program under these settings: a digest of the jaxpr's equations, its constants and the
     settings (written out here rather than printed by jax: printing a 2,000-equation jaxpr takes 0.2 s)."""
     digest = hashlib.blake2b(digest_size=20)
-    digest.update(f"{FORMAT}/{VERSION}/jax {jax.__version__}/{_code_version()}/{settings!r}".encode())
+    digest.update(f"{FORMAT}/{VERSION}/jax {jax.__version__}/{hardware()}/{_code_version()}/{settings!r}".encode())
     _feed(digest, closed.jaxpr)
     for value in closed.consts:
         array = np.asarray(value)
@@ -69,6 +71,26 @@ def _code_version() -> str:
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
     return f"{version}/{hashlib.blake2b(prelude().encode(), digest_size=12).hexdigest()}"
+
+
+@functools.cache
+def hardware() -> str:
+    """The machine a plan is measured on (read once per process): jax's default device kind, and on the CPU
+    backend the processor's model and core count."""
+    device = jax.devices()[0]
+    if device.platform != "cpu":
+        return f"{device.platform} {device.device_kind}"
+    return f"cpu {_cpu_model()} x{os.cpu_count()}"
+
+
+def _cpu_model() -> str:
+    """The processor's model name: /proc/cpuinfo's on Linux, else what the platform module says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
+    except OSError:
+        model = ""
+    return model or platform.processor() or platform.machine()
 
 
 def _feed(digest: Any, jaxpr: jcore.Jaxpr) -> None:

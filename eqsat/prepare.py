@@ -1,6 +1,7 @@
 """`fast.prepare(*params)`: the parameters bound, and the weight-only part of each signature's plan computed once,
 as an inference engine does when it builds (optimize(..., params_argnums=...))."""
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -12,8 +13,8 @@ from eqsat.backends.lower import overflow_guarded, with_weights
 from eqsat.dispatcher import Dispatcher
 from eqsat.ir import Role
 from eqsat.jit_dispatch import inlined
-from eqsat.plan_life import Event, State
-from eqsat.signature import aval_key, merge_params
+from eqsat.plan_life import Entry, Event, State
+from eqsat.signature import aval_key, concrete, merge_params
 
 
 def prepare(calls: Dispatcher, params: tuple) -> Callable[..., Any]:
@@ -28,17 +29,21 @@ def prepare(calls: Dispatcher, params: tuple) -> Callable[..., Any]:
         leaves, tree = jax.tree_util.tree_flatten(rest)
         key = (tree, tuple(aval_key(x) for x in leaves), config.trace_context())  # as a Signature is keyed
         if key not in ready:
-            ready[key] = _signature_call(calls, params, rest, params_flat)
+            ready[key] = _signature_call(calls, params, rest, params_flat, functools.partial(ready.__setitem__, key))
         return ready[key](rest, leaves)
 
     return prepared
 
 
-def _signature_call(calls: Dispatcher, params: tuple, rest: tuple, params_flat: list[Any]) -> Callable[..., Any]:
+def _signature_call(
+    calls: Dispatcher, params: tuple, rest: tuple, params_flat: list[Any], settle: Callable[[Callable], None]
+) -> Callable[..., Any]:
     """Plan, validate and run the weight-only subgraph once, for one signature of the other arguments.
 
     Returns call(other arguments, their leaves). An unchanged plan calls the original through jax.jit, exactly as
-    the caller would; otherwise the plan runs with the prepared weights, the leaves put in order at trace time."""
+    the caller would; otherwise the plan runs with the prepared weights, the leaves put in order at trace time.
+    Where the guard was undecided, the call times both on live calls until it decides, then hands `settle` the
+    call to make from then on."""
     params_argnums, options = calls.options.params_argnums, calls.options
     flat, signature = calls.signature(merge_params(params_argnums, params, rest), {})
     entry = calls.entry(signature, prepared=True)
@@ -69,6 +74,39 @@ def _signature_call(calls: Dispatcher, params: tuple, rest: tuple, params_flat: 
         elif entry.state is State.VALIDATED:
             optimized, plain = lambda: run(params_flat, leaves, weights), lambda: entry.original(*flat)
             entry.apply(validate.timed(calls.planner, entry, optimized, plain))
-    if entry.call is entry.original:
-        return unchanged
-    return lambda _rest, leaves: jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, weights))
+
+    def planned(_rest: tuple, leaves: list[Any]) -> Any:
+        return jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, weights))
+
+    if not entry.undecided:
+        return unchanged if entry.call is entry.original else planned
+    return _measured_live(calls, entry, planned, unchanged, functools.partial(ordered, params_flat), settle)
+
+
+def _measured_live(
+    calls: Dispatcher,
+    entry: Entry,
+    planned: Callable[[tuple, list[Any]], Any],
+    unchanged: Callable[[tuple, list[Any]], Any],
+    flat: Callable[[list[Any]], list[Any]],
+    settle: Callable[[Callable], None],
+) -> Callable[[tuple, list[Any]], Any]:
+    """The call of a signature whose guard was undecided: the prepared plan (`planned`) or the original
+    (`unchanged`), as the entry's state says, and on one call in guard.LIVE_EVERY a live round timing both on its
+    arguments (`flat(leaves)`: the parameters and the call's leaves, in the original's order). Once the entry is
+    settled (here, or by another prepare of the same signature) it hands `settle` the call it runs from then on,
+    which measures nothing."""
+
+    def measuring(rest: tuple, leaves: list[Any]) -> Any:
+        settled = not entry.undecided  # read first: a settled entry's call changes no more
+        running = unchanged if entry.call is entry.original else planned
+        if settled:
+            settle(running)
+            return running(rest, leaves)
+        out = running(rest, leaves)
+        if concrete(leaves):  # not while an outer transformation traces it
+            plan, runs = functools.partial(planned, rest, leaves), functools.partial(running, rest, leaves)
+            validate.measured_live(calls.planner, entry, flat(leaves), runs, plan, out)
+        return out
+
+    return measuring

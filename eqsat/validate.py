@@ -7,6 +7,7 @@ entry's life, which the calls' side (eqsat/dispatcher.py) applies; it decides wh
 where what runs changed.
 """
 
+import functools
 import logging
 import time
 import warnings
@@ -19,7 +20,7 @@ from eqsat import guard, plan_store, progress, rule_sources
 from eqsat.backends.lower import lower
 from eqsat.egraph_check import check_egraph
 from eqsat.errors import EqsatWarning
-from eqsat.plan_life import Entry, Event, Verdict
+from eqsat.plan_life import Entry, Event, State, Verdict
 from eqsat.planning import Planner
 from eqsat.sharding import added_collectives
 from eqsat.signature import flat_function
@@ -186,6 +187,35 @@ def timed_live(planner: Planner, entry: Entry, optimized: Callable[[], Any], ori
     seconds = guard.live_round(original, optimized, optimized_first=measured["rounds"] % 2 == 0)
     entry.plan.measured = guard.with_round(measured, seconds)
     return Verdict(()) if entry.plan.measured["live"] else _judged(planner, entry)
+
+
+def measured_live(
+    planner: Planner, entry: Entry, flat: list[Any], running: Callable[[], Any], plan: Callable[[], Any], ran: Any
+) -> bool:
+    """On one live call in guard.LIVE_EVERY of an entry whose timing was undecided: one more round of it on the
+    call's arguments `flat`, the verdict applied (a round another thread runs meanwhile skips this one).
+    `running`: what the calls run now, as they run it; `plan`: the plan alone, timed where the original runs (the
+    original alone is the one validation compiled); `ran`: the call's own results, awaited first, so that the
+    round times the two programs alone. Returns whether this round settled the entry."""
+    entry.live_calls += 1
+    if entry.live_calls % guard.LIVE_EVERY or not entry.lock.acquire(blocking=False):
+        return False
+    try:
+        if not entry.undecided:  # settled by another thread's call meanwhile
+            return False
+        trial = entry.state is State.TRIAL
+        optimized, original = (
+            (running, functools.partial(compiled_original(entry), *flat)) if trial else (plan, running)
+        )
+        jax.block_until_ready(ran)
+        with jax.core.eval_context():
+            entry.apply(timed_live(planner, entry, optimized, original))
+        if entry.undecided:
+            return False
+        entry.reference = None  # an executable of its own, kept only while live calls time it
+        return True
+    finally:
+        entry.lock.release()
 
 
 def _judged(planner: Planner, entry: Entry) -> Verdict:

@@ -3,6 +3,7 @@ confidence it is refused, faster it is kept, undecided it runs where the cost mo
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -200,3 +201,47 @@ def test_an_undecided_measurement_settles_on_its_median_after_live_rounds(monkey
     assert plan.measured["rounds"] == 14 and plan.measured["decision"] == "undecided" and not plan.measured["live"]
     assert entry.state is State.KEPT and not guard.refused_for_good(plan.measured)  # median 1.075: the plan
     assert not fast._calls.plans.measuring
+
+
+def _weighted() -> Any:
+    """x @ w[0] + x @ w[1], a new function each time; prepared: x @ (w[0] + w[1]), the sum computed once."""
+    return lambda w, x: x @ w[0] + x @ w[1]
+
+
+@pytest.mark.parametrize(
+    "clear, live_ratios, after",
+    [
+        (True, FASTER, [Event.LEANING, Event.KEPT]),  # the plan runs meanwhile, and on
+        (True, SLOWER, [Event.LEANING, Event.SLOWER, Event.STORED]),  # the plan runs, then the original
+        (False, FASTER, [Event.UNDECIDED, Event.KEPT]),  # the original runs, then the plan
+    ],
+)
+def test_an_undecided_prepared_plan_is_decided_by_live_calls(monkeypatch, tmp_path, clear, live_ratios, after):
+    """Issue 27: prepared plans are guarded the same way; a prepare that was undecided switches to what live calls
+    decide, and once settled measures nothing more."""
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EQSAT_PLAN_STORE", "on")
+    _clock(monkeypatch, NOISY)
+    live = _live_clock(monkeypatch, live_ratios * 3)
+    if not clear:
+        monkeypatch.setattr(guard, "CLEAR_PREDICTION", 1e9)
+    fast = eqsat.optimize(_weighted(), params_argnums=0, limits=GUARDED)
+    rng = np.random.default_rng(2)
+    w = [jnp.asarray(rng.standard_normal((128, 128)), jnp.float32) for _ in range(2)]
+    x = jnp.asarray(rng.standard_normal((256, 128)), jnp.float32)
+    original = np.asarray(jax.jit(_weighted())(w, x))  # the plan's sum rounds differently: its results tell it apart
+    run, other = fast.prepare(w), fast.prepare(w)
+    ran = np.asarray(run(x))
+    (entry,) = [e for e in fast._calls.cache.values() if e.prepared]
+    assert entry.state is (State.TRIAL if clear else State.MEASURING) and entry.plan.measured["live"]
+    assert np.array_equal(ran, original) is not clear
+    for _ in range(guard.LIVE_EVERY * 20):  # 6 of 10 rounds faster first: 15 slower ones decide
+        np.testing.assert_allclose(run(x), original, rtol=2e-3, atol=1e-2)
+    assert entry.history[-len(after) :] == after and not entry.undecided
+    assert entry.plan.measured["source"] == "live calls" and entry.plan.measured["rounds"] == 10 + len(live)
+    assert guard.refused_for_good(entry.plan.measured) is (Event.SLOWER in after)
+    rounds = len(live)
+    for prepared in (run, other):  # settled: what it runs now, measuring nothing
+        results = [np.asarray(prepared(x)) for _ in range(guard.LIVE_EVERY * 2)]
+        assert all(np.array_equal(r, original) is (Event.SLOWER in after) for r in results)
+    assert len(live) == rounds

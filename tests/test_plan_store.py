@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import eqsat
-from eqsat import plan_store
+from eqsat import guard, plan_store
 
 _CHILD = textwrap.dedent(
     """
@@ -88,6 +88,33 @@ def test_other_settings_or_programs_are_planned_afresh(store_on):
     assert "stored" not in eqsat.optimize(_fresh_chain(), target="h100").plan(*args).stats
     assert "stored" not in eqsat.optimize(lambda a, b, v: (a @ b) @ v + 1.0).plan(*args).stats
     assert "stored" not in eqsat.optimize(_fresh_chain()).plan(args[0][:16], *args[1:]).stats
+
+
+def test_a_stored_refusal_is_measured_again_on_other_hardware(store_on, monkeypatch):
+    """Issue 27: a refusal is what the guard measured on one machine (and jax): on another the plan is planned and
+    measured again; on the same one the original runs at once."""
+    measured = []
+
+    def slower(*_: object, **__: object) -> dict:
+        measured.append(1)
+        return guard._judged([(1e-3, 2e-3)] * 7, 1.0, source="first call")  # slower in 7 of 7 rounds
+
+    monkeypatch.setattr(guard, "measure", slower)
+    args = _args()
+
+    def planned_on(machine: str) -> eqsat.Plan:
+        monkeypatch.setattr(plan_store, "hardware", lambda: machine)
+        fast = eqsat.optimize(_fresh_chain(), limits=eqsat.Limits(guard_seconds=0.05, measure_seconds=0))
+        fast(*args)
+        return fast.plan(*args)
+
+    first = planned_on("cpu Model A x2")
+    assert guard.refused_for_good(first.measured) and len(measured) == 1
+    again = planned_on("cpu Model A x2")
+    assert again.stats["stored"] == 1.0 and "slower with" in again.fallback and len(measured) == 1
+    elsewhere = planned_on("cpu Model B x8")
+    assert "stored" not in elsewhere.stats and guard.refused_for_good(elsewhere.measured) and len(measured) == 2
+    assert len(list((store_on / "plans").glob("*.json"))) == 2  # each machine's refusal under its own key
 
 
 def _restamped(data: dict) -> str:
