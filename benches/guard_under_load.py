@@ -6,7 +6,8 @@
 
 Each run is a new process with an empty cache directory (no stored plan, no timing cache) that plans one example
 of eqsat/tools/examples.py or one case of benches/kernels.py (`distributivity` and `xent`, the LM loss over 4x512x32000
-logits, by default), waits for the plan and prints its guard's decision. The busy processes spin for the whole
+logits, by default), waits for the plan and its guard's decision (on the first call, or on the live calls that
+follow an undecided one) and prints it. The busy processes spin for the whole
 bench and are stopped at its end.
 """
 
@@ -24,10 +25,11 @@ from eqsat.workload import Workload
 _RUN = """
 import json, eqsat
 from benches.guard_under_load import workload
+from eqsat.tools.versus import settled
 work = workload({name!r})
 fast = eqsat.optimize(work.fn, params_argnums=work.params_argnums)
 fast(*work.args)
-plan = fast.plan(*work.args)
+plan = settled(fast, work.args)  # undecided on the first call: live calls go on measuring until they decide
 print(json.dumps(plan.measured))
 """
 
@@ -58,8 +60,11 @@ def _kept(example: str, runs: int) -> int:
         measured = json.loads(out.stdout.strip().splitlines()[-1])
         kept += bool(measured and measured["kept"])
         decision = measured and f"{measured['decision']} ({measured['faster_rounds']}/{measured['rounds']})"
+        source = measured and measured.get("source")
         print(
-            f"{example} run {run + 1}: {decision}, ratio {measured and measured['ratio']:.2f}, kept {measured['kept']}"
+            f"{example} run {run + 1}: {decision} from the {source}, ratio {measured and measured['ratio']:.2f}, "
+            f"kept {measured and measured['kept']}",
+            flush=True,
         )
     return kept
 
