@@ -26,7 +26,8 @@ from eqsat.shape_rules import FIRST_INPUT, shapes_file
 Shape = tuple[int, ...]
 
 # The ops other modules name because they mean that one op (a structural node, or an op a pass builds or looks
-# for); every other question about an op is a property of its entry. Op names are written nowhere else.
+# for); every other question about an op is a property of its entry. No other module compares an op name
+# as a string (tests/test_op_table.py).
 VAR = "Var"  # a graph input, parameter or constant
 OPAQUE = "Op"  # a jax primitive the table does not model, re-bound with its parameters
 GET = "Get"  # one result of a multi-result opaque call
