@@ -220,5 +220,5 @@ def _sum_term(refs: list[int], terms: Sequence[str] = ()) -> str:
     items = [*terms, *map(_ref, refs)]
     while len(items) > 1:
         pairs = [items[k : k + 2] for k in range(0, len(items), 2)]
-        items = [f"(Add {pair[0]} {pair[1]})" if len(pair) == 2 else pair[0] for pair in pairs]
+        items = [f"({ADD} {pair[0]} {pair[1]})" if len(pair) == 2 else pair[0] for pair in pairs]
     return items[0]

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eqsat.ir import Graph, Node
-from eqsat.ops import GET, OPAQUE, OPS, SORTS, VAR
+from eqsat.ops import GET, OPAQUE, OPS, SORTS, TCONS, TNIL, VAR
 
 ANALYSIS = "analysis"  # ruleset of the shape and dtype analyses, saturated before every rewrite step
 # egglog functions and relations that hold facts about tensors, not tensors: not e-nodes of the program
@@ -87,11 +87,11 @@ def _merge_group(graph: Graph, node: Node, canonical: list[int]) -> tuple | None
 def _term(graph: Graph, node: Node) -> str:
     attrs = OPS[node.op].attrs_to_egglog(node.attrs)
     if node.op == OPAQUE:  # its inputs as a list
-        args = "(TNil)"
+        args = f"({TNIL})"
         for i in reversed(node.inputs):
-            args = f"(TCons $eqsat_n{i} {args})"
-        return f"(Op {attrs[0]} {args})"
+            args = f"({TCONS} $eqsat_n{i} {args})"
+        return f"({OPAQUE} {attrs[0]} {args})"
     if node.op == GET:  # its input before its attribute
-        return f"(Get $eqsat_n{node.inputs[0]} {attrs[0]})"
+        return f"({GET} $eqsat_n{node.inputs[0]} {attrs[0]})"
     parts = attrs + [f"$eqsat_n{i}" for i in node.inputs]
     return f"({node.op} {' '.join(parts)})"
