@@ -12,6 +12,7 @@ from jax.extend import core
 
 from eqsat.extract.plan import Plan
 from eqsat.graph_walk import reachable
+from eqsat.ops import OPS, VAR
 
 
 def lower(
@@ -52,7 +53,7 @@ def lower(
                 continue
             inputs = [read_wide(j) for j in node.inputs]
             # a Convert between float32 and a narrow type is the identity in float32: the rounding is deferred
-            in_float32[i] = inputs[0] if node.op == "Convert" else graph.apply(node.op, node.attrs, inputs, variable)
+            in_float32[i] = inputs[0] if OPS[node.op].converts else graph.apply(node.op, node.attrs, inputs, variable)
             if i in rounded:
                 values[i] = lax.convert_element_type(in_float32[i], jnp.dtype(node.dtype))
         return [values[i] for i in wanted]
@@ -72,7 +73,7 @@ def weight_boundary(plan: Plan) -> list[int]:
     for node in plan.nodes:
         if not node.weight:
             boundary.update(j for j in node.inputs if plan.nodes[j].weight)
-    return sorted(i for i in boundary if plan.nodes[i].op != "Var")  # Vars are at hand anyway
+    return sorted(i for i in boundary if plan.nodes[i].op != VAR)  # Vars are at hand anyway
 
 
 def with_weights(plan: Plan, flat: list[Any], watch: Sequence[int] = ()) -> tuple[Callable[..., list[Any]], list[Any]]:

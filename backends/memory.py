@@ -15,6 +15,7 @@ import numpy as np
 from eqsat.backends.lower import lower
 from eqsat.extract.cost import value_bytes
 from eqsat.graph_walk import postorder
+from eqsat.ops import GET, VAR
 from eqsat.tolerance import mismatch
 
 if TYPE_CHECKING:  # at runtime only duck-typed, so that extract.plan may import this module
@@ -64,7 +65,7 @@ def liveness(plan: "Plan", order: Sequence[int] | None = None, donated: bool = F
         end[i] = last
     intervals = []
     for i, node in enumerate(nodes):
-        start = 0 if node.op == "Var" else pos[node.inputs[0]] if node.op == "Get" else pos[i]
+        start = 0 if node.op == VAR else pos[node.inputs[0]] if node.op == GET else pos[i]
         intervals.append(Interval(i, nbytes(node.shape, node.dtype), start, end[i]))
     return intervals
 
@@ -139,7 +140,7 @@ def _place(intervals: Sequence[Interval], sizes: list[int], order: list[int]) ->
 def _pinned(plan: "Plan", donated: bool) -> set[int]:
     """Values live to the end: results, effects and, unless donated, the arguments and constants."""
     kept = {*plan.outputs, *plan.effects}
-    return kept if donated else kept | {i for i, n in enumerate(plan.nodes) if n.op == "Var"}
+    return kept if donated else kept | {i for i, n in enumerate(plan.nodes) if n.op == VAR}
 
 
 def schedule_peak(plan: "Plan", order: Sequence[int] | None = None, donated: bool = False) -> int:
@@ -184,9 +185,9 @@ def _greedy(plan: "Plan", donated: bool, depth_first: bool) -> list[int]:
     """Among the ready nodes, run the one that frees the most bytes net of what it allocates; Vars first."""
     nodes = plan.nodes
     pinned = _pinned(plan, donated)
-    alloc = [0 if n.op == "Get" else nbytes(n.shape, n.dtype) for n in nodes]
+    alloc = [0 if n.op == GET else nbytes(n.shape, n.dtype) for n in nodes]
     for n in nodes:
-        if n.op == "Get":  # the call writes all its results
+        if n.op == GET:  # the call writes all its results
             alloc[n.inputs[0]] += nbytes(n.shape, n.dtype)
     users: list[set[int]] = [set() for _ in nodes]
     for i, n in enumerate(nodes):
@@ -213,9 +214,9 @@ def _greedy(plan: "Plan", donated: bool, depth_first: bool) -> list[int]:
 
     order: list[int] = []
     for i, n in enumerate(nodes):
-        if n.op == "Var":
+        if n.op == VAR:
             run(i)
-    ready.extend(i for i, n in enumerate(nodes) if n.op != "Var" and not n.inputs)
+    ready.extend(i for i, n in enumerate(nodes) if n.op != VAR and not n.inputs)
     while ready:
         best = max(ready, key=gain)
         ready.remove(best)
@@ -261,7 +262,7 @@ def donation_figures(
 def segment_cuts(plan: "Plan", k: int) -> list[int]:
     """k-1 cut steps in plan order splitting it into k segments, each moved (within a quarter segment) to the
     step where the fewest bytes cross: those are what a checkpointed segment saves for the backward pass."""
-    intervals = [iv for iv in liveness(plan) if plan.nodes[iv.node].op != "Var"]
+    intervals = [iv for iv in liveness(plan) if plan.nodes[iv.node].op != VAR]
     n = len(plan.nodes)
     crossing = np.zeros(n + 1, dtype=np.int64)  # crossing[p]: bytes defined before step p and used at or after it
     for iv in intervals:
@@ -287,16 +288,16 @@ def segmented(
         raise ValueError("a plan with effects cannot be split into rematerialized segments")
     bounds = [0, *segment_cuts(plan, k), len(plan.nodes)]
     spans = list(itertools.pairwise(bounds))
-    reads = [{j for i in range(lo, hi) for j in plan.nodes[i].inputs if plan.nodes[j].op != "Var"} for lo, hi in spans]
+    reads = [{j for i in range(lo, hi) for j in plan.nodes[i].inputs if plan.nodes[j].op != VAR} for lo, hi in spans]
     later = set(plan.outputs)  # nodes read after the segment being built (built back to front)
     stages = []
     for (lo, hi), read in reversed(list(zip(spans, reads, strict=True))):
         given = sorted(j for j in read if j < lo)
-        out = sorted(i for i in range(lo, hi) if i in later and plan.nodes[i].op != "Var")
+        out = sorted(i for i in range(lo, hi) if i in later and plan.nodes[i].op != VAR)
         if out:
             stages.insert(0, (given, out, jax.checkpoint(lower(plan, outputs=out, given=given), policy=policy)))
         later |= read
-    args_out = [i for i in plan.outputs if plan.nodes[i].op == "Var"]  # results that are arguments or constants
+    args_out = [i for i in plan.outputs if plan.nodes[i].op == VAR]  # results that are arguments or constants
     read_args = lower(plan, outputs=args_out)
 
     def run(*args: Any) -> list[Any]:

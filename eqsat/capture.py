@@ -1,13 +1,14 @@
 """Capture: trace a JAX function to a jaxpr and turn it into eqsat's graph IR.
 
 One dispatch loop over the equations. Call-like primitives (nested jit, custom_jvp/custom_vjp) are inlined;
-primitives the op table models become IR ops; everything else becomes an opaque node that lowering re-binds
-with its original parameters, so no program jax can trace is refused.
+a primitive the op table models is captured as the one entry that names it (eqsat/ops.captured_as), by that
+entry's capture_params or by the capture function registered below for it; everything else becomes an opaque
+node that lowering re-binds with its original parameters, so no program jax can trace is refused.
 """
 
 import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from math import prod
 from typing import Any
 
@@ -17,20 +18,38 @@ from jax._src import source_info_util  # user_frame: the first frame outside jax
 from jax.core import ShapedArray
 from jax.extend import core as jcore
 
+from eqsat import ops
 from eqsat.backends.cumulative import PRIMITIVES as CUMULATIVE
 from eqsat.backends.kernels import PICK_FILLS, along_last_axis, conv_dimension_numbers
 from eqsat.ir import Graph, Node, Opaque, Role, Variable, Where
-from eqsat.ops import ConvAttrs, PoolAttrs, captured_as
+from eqsat.ops import ConvAttrs, OpSpec, captured_as
 
 INLINED = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call"}
 _INLINED_BODY_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+Captured = tuple[str, tuple, list[int]]  # the op, its attributes, its inputs
+# (graph, equation, its inputs' nodes) -> the equation as an op of the table (with helper nodes added before it), or
+# None to keep it opaque
+Capture = Callable[[Graph, jcore.JaxprEqn, list[int]], Captured | None]
+# op name -> how the primitives its table entry names are captured, where its capture_params cannot say it
+CAPTURES: dict[str, Capture] = {}
+
+
+def _captures(op: str) -> Callable[[Capture], Capture]:
+    """Registers the decorated function as the capture of the primitives `op`'s table entry names."""
+
+    def register(capture: Capture) -> Capture:
+        CAPTURES[op] = capture
+        return capture
+
+    return register
 
 
 def capture(closed: jcore.ClosedJaxpr, inputs: Sequence[Variable] = ()) -> Graph:
     """The graph of a closed jaxpr; inputs: each flat input's role and path (by default arguments)."""
     graph = Graph()
     for i, var in enumerate(closed.jaxpr.invars):
-        graph.inputs.append(graph.add(Node("Var", (), (f"x{i}",), _shape(var), _dtype(var))))
+        graph.inputs.append(graph.add(Node(ops.VAR, (), (f"x{i}",), _shape(var), _dtype(var))))
         graph.variables[f"x{i}"] = inputs[i] if inputs else Variable()
     const_ids = [_const(graph, value) for value in closed.consts]
     graph.outputs = _capture_jaxpr(graph, closed.jaxpr, const_ids, graph.inputs)
@@ -86,42 +105,42 @@ def _capture_eqn(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> list[i
     graph.opaque.append(Opaque(eqn.primitive, dict(eqn.params), eqn.primitive.multiple_results))
     index = len(graph.opaque) - 1
     if not eqn.outvars:  # an effect alone (debug.print, dce_sink): the call itself is what must stay
-        call = graph.add(Node("Op", tuple(inputs), (index,)))
+        call = graph.add(Node(ops.OPAQUE, tuple(inputs), (index,)))
         if eqn.effects:
             graph.effects.append(call)
         return []
     if not eqn.primitive.multiple_results:
         out = eqn.outvars[0]
-        node = graph.add(Node("Op", tuple(inputs), (index,), _shape(out), _dtype(out)))
+        node = graph.add(Node(ops.OPAQUE, tuple(inputs), (index,), _shape(out), _dtype(out)))
         results = [node]
     else:
-        call = graph.add(Node("Op", tuple(inputs), (index,)))
-        results = [graph.add(Node("Get", (call,), (i,), _shape(v), _dtype(v))) for i, v in enumerate(eqn.outvars)]
+        call = graph.add(Node(ops.OPAQUE, tuple(inputs), (index,)))
+        results = [graph.add(Node(ops.GET, (call,), (i,), _shape(v), _dtype(v))) for i, v in enumerate(eqn.outvars)]
     if eqn.effects:
         graph.effects.extend(results)
     return results
 
 
-def _model(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+def _model(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
     """The IR op for an equation the op table models exactly, or None to keep it opaque."""
-    name = eqn.primitive.name
     if eqn.effects or not all(isinstance(v.aval, ShapedArray) for v in (*eqn.invars, *eqn.outvars)):
         return None
-    if name == "convert_element_type":
-        return _model_one_hot(graph, eqn, inputs) or _model_convert(eqn, inputs)
-    if name in ("argmax", "argmin"):
-        return _model_arg_reduce(graph, eqn, inputs)
-    if name in ("gather", "scatter-add"):
-        return _model_along_last_axis(graph, eqn, inputs)
+    op = captured_as(eqn.primitive.name)
+    if op is None or (op.one_dtype and not _one_dtype(eqn)):
+        return None
+    capture = CAPTURES.get(op.name)
+    return capture(graph, eqn, inputs) if capture is not None else _with_params(graph, op, eqn, inputs)
+
+
+def _one_dtype(eqn: jcore.JaxprEqn) -> bool:
+    """Whether the equation's inputs and outputs share one numpy dtype, not bool."""
     dtypes = {v.aval.dtype for v in (*eqn.invars, *eqn.outvars)}
-    if len(dtypes) != 1 or dtypes == {np.dtype(bool)} or not isinstance(next(iter(dtypes)), np.dtype):
-        return None
-    special = _SPECIAL.get(name)
-    if special is not None:
-        return special(graph, eqn, inputs)
-    op = captured_as(name)
-    if op is None:
-        return None
+    return len(dtypes) == 1 and dtypes != {np.dtype(bool)} and isinstance(next(iter(dtypes)), np.dtype)
+
+
+def _with_params(graph: Graph, op: OpSpec, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+    """The op with the attributes its entry's capture_params makes of the parameters (none: a primitive without
+    parameters), binary ops' operands broadcast to the output's shape."""
     if op.capture_params is not None:
         attrs = op.capture_params(dict(eqn.params))
         if attrs is None:
@@ -140,14 +159,15 @@ def _broadcast_to(graph: Graph, node: int, shape: tuple[int, ...]) -> int:
     src = graph.nodes[node]
     if src.shape == shape or src.shape == ():
         return node
-    if src.op == "Bcast":
+    if src.op == ops.BCAST:
         dims, node = src.attrs[1], src.inputs[0]
     else:
         dims = tuple(range(len(shape)))
-    return graph.add(Node("Bcast", (node,), (tuple(map(int, shape)), tuple(map(int, dims))), tuple(shape), src.dtype))
+    return graph.add(Node(ops.BCAST, (node,), (tuple(map(int, shape)), tuple(map(int, dims))), tuple(shape), src.dtype))
 
 
-def _model_concat(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+@_captures(ops.CONCAT)
+def _concat(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
     """An n-way concatenate as a left-nested chain of binary Concats."""
     axis = int(eqn.params["dimension"])
     if len(inputs) == 1:
@@ -157,25 +177,22 @@ def _model_concat(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple
         a, b = graph.nodes[acc], graph.nodes[node]
         assert a.shape is not None and b.shape is not None
         shape = tuple(x + y if d == axis else x for d, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)))
-        acc = graph.add(Node("Concat", (acc, node), (axis,), shape, a.dtype))
-    return "Concat", (axis,), [acc, inputs[-1]]
+        acc = graph.add(Node(ops.CONCAT, (acc, node), (axis,), shape, a.dtype))
+    return ops.CONCAT, (axis,), [acc, inputs[-1]]
 
 
-def _model_transpose(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
-    return "Transpose", (tuple(int(p) for p in eqn.params["permutation"]),), inputs
-
-
-def _model_reshape(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+@_captures(ops.RESHAPE)
+def _reshape(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+    """A reshape without dimensions or sharding, and a squeeze, as (Reshape new_shape x)."""
+    if eqn.primitive.name == "squeeze":
+        return ops.RESHAPE, (tuple(int(d) for d in eqn.outvars[0].aval.shape),), inputs
     if eqn.params.get("dimensions") is not None or eqn.params.get("sharding") is not None:
         return None
-    return "Reshape", (tuple(int(d) for d in eqn.params["new_sizes"]),), inputs
+    return ops.RESHAPE, (tuple(int(d) for d in eqn.params["new_sizes"]),), inputs
 
 
-def _model_squeeze(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
-    return "Reshape", (tuple(int(d) for d in eqn.outvars[0].aval.shape),), inputs
-
-
-def _model_slice(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+@_captures(ops.SLICE)
+def _slice(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
     """A unit-stride slice as a chain of single-axis Slices, one per axis it narrows."""
     p = eqn.params
     if p["strides"] is not None and any(s != 1 for s in p["strides"]):
@@ -186,27 +203,14 @@ def _model_slice(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[
     bounds = enumerate(zip(p["start_indices"], p["limit_indices"], strict=True))
     cuts = [(axis, int(lo), int(hi)) for axis, (lo, hi) in bounds if (lo, hi) != (0, shape[axis])]
     if not cuts:  # the whole array: a reshape to its own shape, which rules remove
-        return "Reshape", (tuple(shape),), inputs
+        return ops.RESHAPE, (tuple(shape),), inputs
     if any(lo >= hi for _, lo, hi in cuts):
         return None
     acc = inputs[0]
     for axis, lo, hi in cuts[:-1]:
         shape[axis] = hi - lo
-        acc = graph.add(Node("Slice", (acc,), (axis, lo, hi), tuple(shape), src.dtype))
-    return "Slice", cuts[-1], [acc]
-
-
-def _model_reduce(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
-    axes = tuple(eqn.params["axes"])
-    if len(axes) != 1 or eqn.params.get("out_sharding") is not None:
-        return None
-    return {"reduce_sum": "ReduceSum", "reduce_max": "ReduceMax"}[eqn.primitive.name], (int(axes[0]),), inputs
-
-
-def _model_bcast(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
-    if eqn.params.get("sharding") is not None:
-        return None
-    return "Bcast", (tuple(map(int, eqn.params["shape"])), tuple(map(int, eqn.params["broadcast_dimensions"]))), inputs
+        acc = graph.add(Node(ops.SLICE, (acc,), (axis, lo, hi), tuple(shape), src.dtype))
+    return ops.SLICE, cuts[-1], [acc]
 
 
 # conv_general_dilated's parameters, all of which Conv models; a parameter jax adds later keeps a conv opaque
@@ -216,7 +220,8 @@ _CONV_PARAMS = {
 }  # fmt: skip
 
 
-def _model_conv(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+@_captures(ops.CONV)
+def _conv(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
     """A conv_general_dilated of any rank and dimension numbers as a Conv in the table's channels-last layout
     (backends/kernels.conv_dimension_numbers), with transposes around it where the layout differs (NCHW, the kernels
     of gradients, what vmap produces), which XLA folds. A precision, a preferred element type or an output sharding
@@ -243,12 +248,12 @@ def _model_conv(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[s
     )
     out_spec, canonical = tuple(dims.out_spec), tuple(layout.out_spec)
     if out_spec == canonical:
-        return "Conv", attrs, [x, w]
+        return ops.CONV, attrs, [x, w]
     out = eqn.outvars[0].aval
     shape = tuple(out.shape[out_spec[canonical.index(axis)]] for axis in range(len(out_spec)))
-    conv = graph.add(Node("Conv", (x, w), attrs, shape, str(out.dtype)))
+    conv = graph.add(Node(ops.CONV, (x, w), attrs, shape, str(out.dtype)))
     perm = tuple(canonical[out_spec.index(axis)] for axis in range(len(out_spec)))
-    return "Transpose", (perm,), [conv]
+    return ops.TRANSPOSE, (perm,), [conv]
 
 
 def _to_spec(graph: Graph, node: int, spec: tuple[int, ...], target: tuple[int, ...]) -> int:
@@ -260,40 +265,41 @@ def _to_spec(graph: Graph, node: int, spec: tuple[int, ...], target: tuple[int, 
     assert src.shape is not None
     perm = tuple(spec[target.index(axis)] for axis in range(len(spec)))
     shape = tuple(src.shape[a] for a in perm)
-    return graph.add(Node("Transpose", (node,), (perm,), shape, src.dtype))
+    return graph.add(Node(ops.TRANSPOSE, (node,), (perm,), shape, src.dtype))
 
 
-def _model_pool(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
-    """reduce_window_max / reduce_window_sum (lax.reduce_window of lax.max / lax.add from its identity) without
-    dilation as (PoolMax window strides pad_low pad_high x) / (PoolSum ...)."""
-    p = eqn.params
-    if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
-        return None
-    attrs = PoolAttrs(
-        window=tuple(int(d) for d in p["window_dimensions"]),
-        strides=tuple(int(s) for s in p["window_strides"]),
-        pad_low=tuple(int(lo) for lo, _ in p["padding"]),
-        pad_high=tuple(int(hi) for _, hi in p["padding"]),
-    )
-    return {"reduce_window_max": "PoolMax", "reduce_window_sum": "PoolSum"}[eqn.primitive.name], attrs, inputs
-
-
-def _model_cumulative(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+@_captures(ops.CUMULATIVE)
+def _cumulative(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
     """lax.cumsum / cumprod / cummax / cummin / cumlogsumexp as (Cumulative kind axis reverse x)."""
     kind = CUMULATIVE[eqn.primitive.name]
-    return "Cumulative", (kind, int(eqn.params["axis"]), int(eqn.params["reverse"])), inputs
+    return ops.CUMULATIVE, (kind, int(eqn.params["axis"]), int(eqn.params["reverse"])), inputs
 
 
-def _model_one_hot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+@_captures(ops.CONVERT)
+def _convert(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+    """convert_element_type: the last step of jax.nn.one_hot as a OneHot, a conversion between real float dtypes as
+    (Convert dtype x); to or from an integer, a bool or a weak type it stays opaque."""
+    one_hot = _one_hot(graph, eqn, inputs)
+    if one_hot is not None:
+        return one_hot
+    source, target = eqn.invars[0].aval.dtype, eqn.outvars[0].aval.dtype
+    if eqn.params.get("weak_type") or eqn.params.get("sharding") is not None:
+        return None
+    if not all(jax.numpy.issubdtype(d, jax.numpy.floating) for d in (source, target)):
+        return None
+    return ops.CONVERT, (np.dtype(target).name,), inputs
+
+
+def _one_hot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
     """jax.nn.one_hot: convert(eq(broadcast(ids)[..., None], iota along the last axis)) as (OneHot depth dtype ids);
     any other conversion stays opaque."""
     source = graph.nodes[inputs[0]]
-    if source.op != "Op" or graph.opaque[source.attrs[0]].primitive.name != "eq" or len(source.inputs) != 2:
+    if source.op != ops.OPAQUE or graph.opaque[source.attrs[0]].primitive.name != "eq" or len(source.inputs) != 2:
         return None
     expanded, iota = (graph.nodes[i] for i in source.inputs)
-    if expanded.op == "Op":
+    if expanded.op == ops.OPAQUE:
         expanded, iota = iota, expanded
-    if iota.op != "Op" or expanded.op != "Bcast" or not expanded.shape or expanded.shape[-1] != 1:
+    if iota.op != ops.OPAQUE or expanded.op != ops.BCAST or not expanded.shape or expanded.shape[-1] != 1:
         return None
     call = graph.opaque[iota.attrs[0]]
     rank = len(expanded.shape)
@@ -304,28 +310,20 @@ def _model_one_hot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tupl
     ids = expanded.inputs[0]
     if graph.nodes[ids].shape != expanded.shape[:-1]:
         return None
-    return "OneHot", (int(call.params["shape"][-1]), str(eqn.outvars[0].aval.dtype)), [ids]
+    return ops.ONE_HOT, (int(call.params["shape"][-1]), str(eqn.outvars[0].aval.dtype)), [ids]
 
 
-def _model_convert(eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
-    """A conversion between real float dtypes as (Convert dtype x); to or from an integer, a bool or a weak type it
-    stays opaque."""
-    source, target = eqn.invars[0].aval.dtype, eqn.outvars[0].aval.dtype
-    if eqn.params.get("weak_type") or eqn.params.get("sharding") is not None:
-        return None
-    if not all(jax.numpy.issubdtype(d, jax.numpy.floating) for d in (source, target)):
-        return None
-    return "Convert", (np.dtype(target).name,), inputs
-
-
-def _model_arg_reduce(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+@_captures(ops.ARG_REDUCE)
+def _arg_reduce(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
     """lax.argmax / lax.argmin along one axis as (ArgReduce "max"|"min" axis index_dtype x)."""
     (axis,) = eqn.params["axes"]
     kind = eqn.primitive.name.removeprefix("arg")
-    return "ArgReduce", (kind, int(axis), np.dtype(eqn.params["index_dtype"]).name), inputs
+    return ops.ARG_REDUCE, (kind, int(axis), np.dtype(eqn.params["index_dtype"]).name), inputs
 
 
-def _model_along_last_axis(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+@_captures(ops.TAKE_ALONG)
+@_captures(ops.PUT_ALONG)
+def _along_last_axis(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
     """jnp.take_along_axis along the last axis (a gather with the leading axes as batch axes) as (TakeAlong fill x
     ids), and its gradient's scatter-add as (PutAlong x ids updates), the trailing index axis of the ids dropped;
     out-of-range ids filled with NaN or 0 (a gather) or dropped (a scatter), as in FILL_OR_DROP mode. Any other
@@ -344,10 +342,10 @@ def _model_along_last_axis(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int])
         fill = next((name for name, value in PICK_FILLS.items() if _same_value(p["fill_value"], value)), None)
         if p["dimension_numbers"] != gather or tuple(p["slice_sizes"]) != (1,) * rank or fill is None:
             return None
-        return "TakeAlong", (fill,), [inputs[0], picks]
+        return ops.TAKE_ALONG, (fill,), [inputs[0], picks]
     if p["dimension_numbers"] != scatter or p["update_consts"] or eqn.invars[2].aval.dtype != x.dtype:
         return None
-    return "PutAlong", (), [inputs[0], picks, inputs[2]]
+    return ops.PUT_ALONG, (), [inputs[0], picks, inputs[2]]
 
 
 def _same_value(fill: Any, value: float) -> bool:
@@ -356,7 +354,8 @@ def _same_value(fill: Any, value: float) -> bool:
     return fill == value or (np.isnan(fill) and np.isnan(value))
 
 
-def _model_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]] | None:
+@_captures(ops.DOT)
+def _dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
     """dot_general in the forms that Dot / BatchDot express, with a matrix transpose of b where needed."""
     params = eqn.params
     if params.get("precision") is not None:
@@ -366,19 +365,19 @@ def _model_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[st
     a, b = inputs
     if not ba and not bb and tuple(ca) == (ra - 1,):
         if tuple(cb) == (0,):
-            return "Dot", (), [a, b]
+            return ops.DOT, (), [a, b]
         if rb == 2 and tuple(cb) == (1,):
-            return "Dot", (), [a, _transposed(graph, b)]
+            return ops.DOT, (), [a, _transposed(graph, b)]
     if not ba and not bb:
-        return _model_flat_dot(graph, eqn, inputs)
+        return _flat_dot(graph, eqn, inputs)
     nb = len(ba)
     batch = tuple(range(nb))
     if tuple(ba) != batch or tuple(bb) != batch or ra != nb + 2 or rb != nb + 2 or tuple(ca) != (nb + 1,):
         return None
     if tuple(cb) == (nb,):
-        return "BatchDot", (), [a, b]
+        return ops.BATCH_DOT, (), [a, b]
     if tuple(cb) == (nb + 1,):
-        return "BatchDot", (), [a, _transposed(graph, b)]
+        return ops.BATCH_DOT, (), [a, _transposed(graph, b)]
     return None
 
 
@@ -387,10 +386,10 @@ def _transposed(graph: Graph, node: int) -> int:
     src = graph.nodes[node]
     assert src.shape is not None
     shape = (*src.shape[:-2], src.shape[-1], src.shape[-2])
-    return graph.add(Node("MT", (node,), (), shape, src.dtype))
+    return graph.add(Node(ops.MT, (node,), (), shape, src.dtype))
 
 
-def _model_flat_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tuple[str, tuple, list[int]]:
+def _flat_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured:
     """Any other dot_general without batch axes as a matrix product of the operands flattened to (free, contracted)
     and (contracted, free) matrices, reshaped back. An embedding's gradient, one_hot(ids) contracted with the
     cotangent over the leading (token) axes, becomes Dot(MT(Reshape(cotangent)), Reshape(one_hot)), which
@@ -408,9 +407,9 @@ def _model_flat_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> tup
         left = _reshaped(graph, _permuted(graph, a, (*free_a, *ca)), (m, k))
     right = _reshaped(graph, _permuted(graph, b, (*cb, *free_b)), (k, n))
     if tuple(out.shape) == (m, n):
-        return "Dot", (), [left, right]
-    product = graph.add(Node("Dot", (left, right), (), (m, n), str(out.dtype)))
-    return "Reshape", (tuple(int(d) for d in out.shape),), [product]
+        return ops.DOT, (), [left, right]
+    product = graph.add(Node(ops.DOT, (left, right), (), (m, n), str(out.dtype)))
+    return ops.RESHAPE, (tuple(int(d) for d in out.shape),), [product]
 
 
 def _permuted(graph: Graph, node: int, perm: tuple[int, ...]) -> int:
@@ -419,7 +418,7 @@ def _permuted(graph: Graph, node: int, perm: tuple[int, ...]) -> int:
     assert src.shape is not None
     if perm == tuple(range(len(perm))):
         return node
-    return graph.add(Node("Transpose", (node,), (perm,), tuple(src.shape[p] for p in perm), src.dtype))
+    return graph.add(Node(ops.TRANSPOSE, (node,), (perm,), tuple(src.shape[p] for p in perm), src.dtype))
 
 
 def _reshaped(graph: Graph, node: int, shape: tuple[int, ...]) -> int:
@@ -427,7 +426,7 @@ def _reshaped(graph: Graph, node: int, shape: tuple[int, ...]) -> int:
     src = graph.nodes[node]
     if src.shape == shape:
         return node
-    return graph.add(Node("Reshape", (node,), (shape,), shape, src.dtype))
+    return graph.add(Node(ops.RESHAPE, (node,), (shape,), shape, src.dtype))
 
 
 def _body(params: dict[str, Any]) -> jcore.ClosedJaxpr | None:
@@ -445,7 +444,7 @@ def _const(graph: Graph, value: Any) -> int:
     name = f"c{len(graph.consts)}"
     graph.consts[name] = array
     graph.variables[name] = Variable(Role.CONSTANT)
-    return graph.add(Node("Var", (), (name,), tuple(array.shape), str(array.dtype)))
+    return graph.add(Node(ops.VAR, (), (name,), tuple(array.shape), str(array.dtype)))
 
 
 def _shape(var: Any) -> tuple[int, ...] | None:
@@ -454,20 +453,3 @@ def _shape(var: Any) -> tuple[int, ...] | None:
 
 def _dtype(var: Any) -> str | None:
     return str(var.aval.dtype) if hasattr(var.aval, "dtype") else None
-
-
-_SPECIAL = {
-    "dot_general": _model_dot,
-    "conv_general_dilated": _model_conv,
-    "broadcast_in_dim": _model_bcast,
-    "concatenate": _model_concat,
-    "transpose": _model_transpose,
-    "reshape": _model_reshape,
-    "squeeze": _model_squeeze,
-    "slice": _model_slice,
-    "reduce_sum": _model_reduce,
-    "reduce_max": _model_reduce,
-    "reduce_window_max": _model_pool,
-    "reduce_window_sum": _model_pool,
-    **dict.fromkeys(CUMULATIVE, _model_cumulative),
-}

@@ -32,7 +32,7 @@ from eqsat.extract.plan import Plan
 from eqsat.extract.views import seconds_text
 from eqsat.ir import Graph, Node
 from eqsat.measure import compare
-from eqsat.ops import OPS
+from eqsat.ops import OPS, VAR
 from eqsat.rule_sources import RuleSource
 from eqsat.saturate import Limits, saturate
 
@@ -255,7 +255,7 @@ def _rivals(graph: Graph, classes: dict[str, Unit], rules: Sequence[RuleSource])
         inputs = []
         for j in node.inputs:
             source = graph.nodes[j]
-            inputs.append(alone.add(Node("Var", (), (f"x{len(alone.nodes)}",), source.shape, source.dtype)))
+            inputs.append(alone.add(Node(VAR, (), (f"x{len(alone.nodes)}",), source.shape, source.dtype)))
             alone.inputs.append(inputs[-1])
         roots[key] = alone.add(Node(node.op, tuple(inputs), node.attrs, node.shape, node.dtype))
         alone.outputs.append(roots[key])

@@ -13,7 +13,7 @@ from jax.core import ShapedArray
 from eqsat.extract import timing
 from eqsat.extract.cost import Profile, node_cost, node_key
 from eqsat.ir import Graph
-from eqsat.ops import OPS, CostClass
+from eqsat.ops import OPAQUE, OPS, CostClass
 from eqsat.sample import example_like
 
 _FUSED = (CostClass.ELEMENTWISE, CostClass.BITCAST)  # XLA fuses these into loops with their neighbours
@@ -48,10 +48,10 @@ def units(graph: Graph) -> list[Unit]:
 
     def source(i: int) -> bool:
         node = graph.nodes[i]
-        return node.op != "Op" and OPS[node.op].cost_class is CostClass.SOURCE
+        return node.op != OPAQUE and OPS[node.op].cost_class is CostClass.SOURCE
 
     # cheap to recompute in every loop that reads it: reshapes and broadcasts, and what reads sources alone
-    shared = {i for i in live if fused(i) and (graph.nodes[i].op in ("Reshape", "Bcast") or all(
+    shared = {i for i in live if fused(i) and (OPS[graph.nodes[i].op].view or all(
         source(j) for j in graph.nodes[i].inputs))}  # fmt: skip
     parent = {i: i for i in live if fused(i) and i not in shared}
 
@@ -82,13 +82,18 @@ def units(graph: Graph) -> list[Unit]:
     units = []
     for members in groups.values():
         nodes = _with_shared(graph, members, shared)
-        if all(graph.nodes[i].op == "Reshape" for i in nodes):  # a bitcast: no kernel at all
+        if all(_bitcast(graph.nodes[i].op) for i in nodes):  # no kernel at all
             continue
         units.append(_unit(graph, "fused", nodes, consumers))
     for i in live:
         if not fused(i) and not source(i):
-            units.append(_unit(graph, "opaque" if graph.nodes[i].op == "Op" else "kernel", [i], consumers))
+            units.append(_unit(graph, "opaque" if graph.nodes[i].op == OPAQUE else "kernel", [i], consumers))
     return units
+
+
+def _bitcast(op: str) -> bool:
+    """A row-major reshape: XLA moves no data for it."""
+    return op in OPS and OPS[op].cost_class is CostClass.BITCAST
 
 
 def _with_shared(graph: Graph, members: list[int], shared: set[int]) -> list[int]:
@@ -122,7 +127,7 @@ def unit_key(graph: Graph, unit: Unit) -> str:
     for i in unit.nodes:
         node = graph.nodes[i]
         what: Any = node.attrs
-        if node.op == "Op":
+        if node.op == OPAQUE:
             call = graph.opaque[node.attrs[0]]
             what = (call.primitive.name, sorted(call.params.items(), key=lambda kv: kv[0]))
         described.append((node.op, what, [where[j] for j in node.inputs], node.shape, node.dtype))
@@ -159,7 +164,7 @@ def describe(graph: Graph, unit: Unit) -> tuple[str, str]:
     if unit.kind == "fused":
         counts: dict[str, int] = {}
         for node in nodes:
-            if node.op != "Reshape":
+            if not _bitcast(node.op):
                 counts[node.op] = counts.get(node.op, 0) + 1
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         name = "fused " + ",".join(op if n == 1 else f"{n} {op}" for op, n in ranked[:4])
@@ -183,7 +188,7 @@ def _example(graph: Graph, j: int, seed: int) -> Any:
 def measure_alone(graph: Graph, unit: Unit) -> float | None:
     """The unit compiled alone on random inputs of its types and timed as the timing cache times a kernel."""
     node = graph.nodes[unit.nodes[0]]
-    if node.op == "Op" and graph.opaque[node.attrs[0]].primitive.name in _UNMEASURABLE:
+    if node.op == OPAQUE and graph.opaque[node.attrs[0]].primitive.name in _UNMEASURABLE:
         raise ValueError("a loop on random inputs may not end")
     with jax.ensure_compile_time_eval():
         args = tuple(_example(graph, j, seed) for seed, j in enumerate(unit.inputs))

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from eqsat.ir import Graph, Role, Variable
+from eqsat.ops import ADD, BCAST, OPAQUE, OPS, REDUCE_SUM, VAR
 
 CHAIN_RULE = "dot-assoc-right"
 FACTOR_RULE = "dot-factor-left"
-_CONTRACTIONS = ("Dot", "BatchDot")
 # the programme is cubic in the chain's length (256 operands: 0.3-1 s): longer chains are left to the rules
 MAX_CHAIN = 256
 
@@ -89,7 +89,7 @@ def _chain_step(graph: Graph, uses: list[int], i: int, flat: dict[int, list[int]
     """A Dot's (or BatchDot's) operands with those of its single-use inputs of the same op spliced in, where the
     operand that then sits inside the chain keeps a free axis (rank >= 2: what makes re-association sound)."""
     node = graph.nodes[i]
-    if node.op not in _CONTRACTIONS or len(node.inputs) != 2:
+    if OPS[node.op].chain_axes is None or len(node.inputs) != 2:
         return None
     a, b = node.inputs
 
@@ -104,9 +104,9 @@ def _sum_step(graph: Graph, uses: list[int], i: int, flat: dict[int, list[int]])
     """An Add's terms, or those of a sum over the axis of a stack (jnp.sum(jnp.stack(terms), 0)), with those of
     its single-use Add inputs spliced in."""
     node = graph.nodes[i]
-    if node.op == "Add":
+    if node.op == ADD:
         terms = node.inputs
-    elif node.op == "ReduceSum" and _is_stack(graph, node.inputs[0], node.attrs[0]) and uses[node.inputs[0]] == 1:
+    elif node.op == REDUCE_SUM and _is_stack(graph, node.inputs[0], node.attrs[0]) and uses[node.inputs[0]] == 1:
         terms = graph.nodes[node.inputs[0]].inputs
     else:
         return None
@@ -116,7 +116,7 @@ def _sum_step(graph: Graph, uses: list[int], i: int, flat: dict[int, list[int]])
 def _is_stack(graph: Graph, i: int, axis: int) -> bool:
     """Whether node i is jax's stack primitive (opaque to the op table) along this axis."""
     node = graph.nodes[i]
-    if node.op != "Op" or not node.inputs:
+    if node.op != OPAQUE or not node.inputs:
         return False
     call = graph.opaque[node.attrs[0]]
     return call.primitive.name == "stack" and call.params.get("axis") == axis
@@ -125,9 +125,9 @@ def _is_stack(graph: Graph, i: int, axis: int) -> bool:
 def _is_zero(graph: Graph, i: int) -> bool:
     """Whether node i is a constant of zeros, or a broadcast of one: an additive identity a sum can drop."""
     node = graph.nodes[i]
-    if node.op == "Bcast":
+    if node.op == BCAST:
         return _is_zero(graph, node.inputs[0])
-    if node.op != "Var" or graph.variables.get(node.attrs[0], Variable()).role != Role.CONSTANT:
+    if node.op != VAR or graph.variables.get(node.attrs[0], Variable()).role != Role.CONSTANT:
         return False
     value = graph.consts.get(node.attrs[0])
     return value is not None and not np.any(value)
@@ -139,9 +139,7 @@ def _ref(i: int) -> str:
 
 def _ordered(graph: Graph, op: str, operands: list[int]) -> str:
     """The chain as an egglog term in the order of fewest flops."""
-    # BatchDot: the matrices are the last two axes, the batch axes ride along
-    keep = -2 if op == "BatchDot" else 0
-    shapes = [tuple(graph.nodes[j].shape or ())[keep:] for j in operands]
+    shapes = [tuple(graph.nodes[j].shape or ())[OPS[op].chain_axes :] for j in operands]
     split = chain_order(shapes)
 
     def term(lo: int, hi: int) -> str:
@@ -185,7 +183,7 @@ def _factored(graph: Graph, uses: list[int], terms: list[int]) -> str | None:
         groups: dict[tuple, list[int]] = {}
         for t in rest:
             node = graph.nodes[t]
-            if node.op in _CONTRACTIONS and uses[t] == 1:  # a product used elsewhere is computed anyway
+            if OPS[node.op].chain_axes is not None and uses[t] == 1:  # a product used elsewhere is computed anyway
                 a, b = node.inputs
                 groups.setdefault((node.op, 0, a), []).append(t)
                 groups.setdefault((node.op, 1, b), []).append(t)
@@ -222,5 +220,5 @@ def _sum_term(refs: list[int], terms: Sequence[str] = ()) -> str:
     items = [*terms, *map(_ref, refs)]
     while len(items) > 1:
         pairs = [items[k : k + 2] for k in range(0, len(items), 2)]
-        items = [f"(Add {pair[0]} {pair[1]})" if len(pair) == 2 else pair[0] for pair in pairs]
+        items = [f"({ADD} {pair[0]} {pair[1]})" if len(pair) == 2 else pair[0] for pair in pairs]
     return items[0]

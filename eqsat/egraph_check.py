@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from eqsat.ir import Graph
-from eqsat.ops import OPS
+from eqsat.ops import OPAQUE, OPS, TCONS, TNIL
 from eqsat.saturate import ENode, Snapshot
 from eqsat.tolerance import difference, rule_tolerance
 
@@ -115,11 +115,11 @@ def _propagate(graph: Graph, snapshot: Snapshot, inputs: list[Any], checked: lis
                 continue
             progress = True
             args = [values[c] for c in node.children]
-            if node.op in ("TNil", "TCons"):
-                values.setdefault(node.eclass, () if node.op == "TNil" else (args[0], *args[1]))
+            if node.op in (TNIL, TCONS):
+                values.setdefault(node.eclass, () if node.op == TNIL else (args[0], *args[1]))
                 continue
             try:
-                out = graph.apply(node.op, node.attrs, list(args[0]) if node.op == "Op" else args, env.__getitem__)
+                out = graph.apply(node.op, node.attrs, list(args[0]) if node.op == OPAQUE else args, env.__getitem__)
             except Exception:  # the lowering rejects these operands: ill-typed, never extracted
                 continue
             want = values.get(node.eclass)

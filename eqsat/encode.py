@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from eqsat.ir import Graph, Node
-from eqsat.ops import OPS, SORTS
+from eqsat.ops import GET, OPAQUE, OPS, SORTS, TCONS, TNIL, VAR
 
 ANALYSIS = "analysis"  # ruleset of the shape and dtype analyses, saturated before every rewrite step
 # egglog functions and relations that hold facts about tensors, not tensors: not e-nodes of the program
@@ -62,7 +62,7 @@ def encode(graph: Graph) -> str:
         if node.shape is not None:
             lines.append(f"(set (shape $eqsat_n{i}) {SORTS['Shape'].to_egglog(node.shape)})")
             lines.append(f'(set (dtype $eqsat_n{i}) "{node.dtype}")')
-        value = graph.consts.get(node.attrs[0]) if node.op == "Var" else None
+        value = graph.consts.get(node.attrs[0]) if node.op == VAR else None
         if value is not None and value.shape == () and jnp.issubdtype(value.dtype, jnp.floating) and np.isfinite(value):
             literal = np.format_float_positional(float(value), unique=True, trim="0")
             lines.append(f"(set (scalar-value $eqsat_n{i}) {literal})")
@@ -86,12 +86,12 @@ def _merge_group(graph: Graph, node: Node, canonical: list[int]) -> tuple | None
 
 def _term(graph: Graph, node: Node) -> str:
     attrs = OPS[node.op].attrs_to_egglog(node.attrs)
-    if node.op == "Op":  # its inputs as a list
-        args = "(TNil)"
+    if node.op == OPAQUE:  # its inputs as a list
+        args = f"({TNIL})"
         for i in reversed(node.inputs):
-            args = f"(TCons $eqsat_n{i} {args})"
-        return f"(Op {attrs[0]} {args})"
-    if node.op == "Get":  # its input before its attribute
-        return f"(Get $eqsat_n{node.inputs[0]} {attrs[0]})"
+            args = f"({TCONS} $eqsat_n{i} {args})"
+        return f"({OPAQUE} {attrs[0]} {args})"
+    if node.op == GET:  # its input before its attribute
+        return f"({GET} $eqsat_n{node.inputs[0]} {attrs[0]})"
     parts = attrs + [f"$eqsat_n{i}" for i in node.inputs]
     return f"({node.op} {' '.join(parts)})"

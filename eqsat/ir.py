@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from eqsat.graph_walk import reachable
-from eqsat.ops import OPS
+from eqsat.ops import GET, OPAQUE, OPS, VAR
 
 Shape = tuple[int, ...]
 
@@ -95,14 +95,14 @@ class Graph:
         """One node's value from its inputs' values: a Var's from `variable` (its name -> value), an opaque
         primitive re-bound with its parameters, one result of a multi-result call, or the op table's lowering.
         The one evaluator of IR nodes: lowering, rule checking and validation all run nodes through it."""
-        if op == "Var":
+        if op == VAR:
             return variable(attrs[0])
-        if op == "Op":
+        if op == OPAQUE:
             call = self.opaque[attrs[0]]
             # as jax.core.eval_jaxpr binds an equation: shard_map's bind takes its parameters in another form than
             # its equation holds them
             return call.primitive.bind(*args, **call.primitive.get_bind_params(call.params))
-        if op == "Get":
+        if op == GET:
             return args[0][attrs[0]]
         return OPS[op].lower(attrs, *args)
 
@@ -112,6 +112,6 @@ class Graph:
 
     def op_name(self, op: str, attrs: tuple) -> str:
         """What a person calls the op: the primitive's name for an opaque call, else the IR op."""
-        if op == "Op" and attrs and 0 <= attrs[0] < len(self.opaque):
+        if op == OPAQUE and attrs and 0 <= attrs[0] < len(self.opaque):
             return self.opaque[attrs[0]].primitive.name
         return op

@@ -29,6 +29,7 @@ from eqsat.extract.cost import Cost
 from eqsat.extract.plan import Plan, build_plan
 from eqsat.extract.timing import attached, priced
 from eqsat.ir import Graph, Opaque
+from eqsat.ops import GET, OPAQUE
 from eqsat.options import Options
 from eqsat.plan_life import Entry, Event
 from eqsat.rule_sources import RuleSource, real_rules
@@ -211,9 +212,9 @@ class Planner:
         bodies = graph.real_bodies if graph is not None else {}
         calls = {}  # node holding one array that a call with such bodies returned -> that call's opaque index
         for i, node in enumerate(plan.nodes):
-            call = plan.nodes[node.inputs[0]] if node.op == "Get" else node  # a multi-result call's: its Gets
-            index = call.attrs[0] if call.op == "Op" else None
-            if index in bodies and (node.op == "Get") == graph.opaque[index].multiple_results:
+            call = plan.nodes[node.inputs[0]] if node.op == GET else node  # a multi-result call's: its Gets
+            index = call.attrs[0] if call.op == OPAQUE else None
+            if index in bodies and (node.op == GET) == graph.opaque[index].multiple_results:
                 calls[i] = index
         watched = [i for i in calls if _may_overflow(plan.nodes[i].dtype)]
         rules = (real if frontier else []) + [rule for i in watched for rule in bodies[calls[i]]]

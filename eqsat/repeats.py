@@ -19,7 +19,7 @@ from eqsat.extract import provenance
 from eqsat.extract.cost import Profile
 from eqsat.extract.plan import Plan, PlanNode, plan_costs
 from eqsat.ir import Graph, Node, Opaque, Role, Variable
-from eqsat.ops import OPS
+from eqsat.ops import GET, OPAQUE, OPS, VAR
 from eqsat.saturate import Snapshot, StopReason
 
 MIN_INSTANCES = 4  # fewer layers are saturated as one program: rewrites across layers stay in reach
@@ -65,7 +65,7 @@ def find(graph: Graph) -> list[Repeat]:
     for i, node in enumerate(graph.nodes):
         for j in node.inputs:
             readers.setdefault(j, []).append(i)
-    order = [i for i in range(len(graph.nodes)) if i in live and graph.nodes[i].op != "Var"]
+    order = [i for i in range(len(graph.nodes)) if i in live and graph.nodes[i].op != VAR]
     keys: dict[Any, int] = {}
     codes = np.array([keys.setdefault(_signature(graph, i), len(keys)) for i in order], dtype=np.int64)
     found: list[Repeat] = []
@@ -89,7 +89,7 @@ def find(graph: Graph) -> list[Repeat]:
 def _signature(graph: Graph, i: int) -> tuple:
     node = graph.nodes[i]
     attrs: Any = node.attrs
-    if node.op == "Op":  # its call's primitive and parameters, not its place in the opaque list
+    if node.op == OPAQUE:  # its call's primitive and parameters, not its place in the opaque list
         call = graph.opaque[node.attrs[0]]
         attrs = (call.primitive, tuple((k, _hashable(v)) for k, v in sorted(call.params.items())))
     return node.op, attrs, node.shape, node.dtype, len(node.inputs)
@@ -183,7 +183,7 @@ def _repeat(
     shared = frozenset(
         m
         for m, node in enumerate(inputs[0])
-        if graph.nodes[node].op == "Var"
+        if graph.nodes[node].op == VAR
         and (value := graph.consts.get(graph.nodes[node].attrs[0])) is not None
         and all(_same_constant(graph, value, row[m]) for row in inputs[1:])
     )
@@ -208,7 +208,7 @@ def _merges_across(graph: Graph, instances: list[list[int]]) -> bool:
 
 
 def _same_constant(graph: Graph, value: np.ndarray, node: int) -> bool:
-    other = graph.consts.get(graph.nodes[node].attrs[0]) if graph.nodes[node].op == "Var" else None
+    other = graph.consts.get(graph.nodes[node].attrs[0]) if graph.nodes[node].op == VAR else None
     return other is not None and other.dtype == value.dtype and np.array_equal(other, value)
 
 
@@ -242,7 +242,7 @@ def _kind(graph: Graph, node: int) -> tuple:
 
 def _role(graph: Graph, node: int) -> Role:
     n = graph.nodes[node]
-    return graph.variable(n.attrs[0]).role if n.op == "Var" else Role.ARGUMENT
+    return graph.variable(n.attrs[0]).role if n.op == VAR else Role.ARGUMENT
 
 
 def _outputs(graph: Graph, instances: list[list[int]], readers: dict[int, list[int]]) -> list[int]:
@@ -273,7 +273,7 @@ def split(graph: Graph, repeats: Sequence[Repeat]) -> Split:
     glue_of: dict[int, int] = {}
     live = graph.live()
     for i, node in enumerate(graph.nodes):
-        if i not in live and node.op != "Var":  # dead code may read an instance's inner values
+        if i not in live and node.op != VAR:  # dead code may read an instance's inner values
             continue
         if i in member:
             if i in last:
@@ -281,10 +281,10 @@ def split(graph: Graph, repeats: Sequence[Repeat]) -> Split:
                 repeat = repeats[r]
                 calls[len(glue.opaque)] = (r, k)
                 glue.opaque.append(Opaque(Placeholder(), {}, True))  # `calls` says which instance it is
-                call = glue.add(Node("Op", tuple(new[j] for j in repeat.inputs[k]), (len(glue.opaque) - 1,)))
+                call = glue.add(Node(OPAQUE, tuple(new[j] for j in repeat.inputs[k]), (len(glue.opaque) - 1,)))
                 for n, q in enumerate(repeat.outputs):
                     out = graph.nodes[repeat.instances[k][q]]
-                    new[repeat.instances[k][q]] = glue.add(Node("Get", (call,), (n,), out.shape, out.dtype))
+                    new[repeat.instances[k][q]] = glue.add(Node(GET, (call,), (n,), out.shape, out.dtype))
             continue
         new[i] = glue.add(Node(node.op, tuple(new[j] for j in node.inputs), node.attrs, node.shape, node.dtype))
         glue_of[new[i]] = i
@@ -307,7 +307,7 @@ def _block(graph: Graph, repeat: Repeat) -> Graph:
         shared = m in repeat.shared
         name = source.attrs[0] if shared else f"b{m}"
         block.variables[name] = graph.variables[name] if shared else Variable(_role(graph, j))
-        new[j] = block.add(Node("Var", (), (name,), source.shape, source.dtype))
+        new[j] = block.add(Node(VAR, (), (name,), source.shape, source.dtype))
         if not shared:
             block.inputs.append(new[j])
     for i in instance:
@@ -340,10 +340,10 @@ def compose(graph: Graph, parts: Split, glue: Plan, blocks: Sequence[Plan], prof
     at: dict[int, int] = {}  # glue plan node -> plan node
     results: dict[int, list[int]] = {}  # glue plan node of a call -> the plan nodes of its results
     for g, node in enumerate(glue.nodes):
-        if node.op == "Op" and node.attrs[0] in parts.calls:
+        if node.op == OPAQUE and node.attrs[0] in parts.calls:
             r, k = parts.calls[node.attrs[0]]
             results[g] = spliced.instance(blocks[r], parts.repeats[r], k, [at[j] for j in node.inputs])
-        elif node.op == "Get" and node.inputs[0] in results:
+        elif node.op == GET and node.inputs[0] in results:
             at[g] = results[node.inputs[0]][node.attrs[0]]
         else:
             stands_for = [parts.glue_of[m] for m in glue.members[g] if m in parts.glue_of]
@@ -380,11 +380,11 @@ class _Spliced:
         self.named: dict[str, int] = {}  # a Var's plan node, by name
 
     def add(self, node: PlanNode, inputs: tuple[int, ...], stands_for: list[int]) -> int:
-        if node.op == "Var" and str(node.attrs[0]) in self.named:
+        if node.op == VAR and str(node.attrs[0]) in self.named:
             return self.named[str(node.attrs[0])]
         self.nodes.append(replace(node, inputs=inputs))
         self.members.append(stands_for)
-        if node.op == "Var":
+        if node.op == VAR:
             self.named[str(node.attrs[0])] = len(self.nodes) - 1
         return len(self.nodes) - 1
 
@@ -395,7 +395,7 @@ class _Spliced:
         inputs = {f"b{m}": m for m in range(first) if m not in repeat.shared}
         local: dict[int, int] = {}
         for b, inner in enumerate(block.nodes):
-            if inner.op == "Var" and inner.attrs[0] in inputs:
+            if inner.op == VAR and inner.attrs[0] in inputs:
                 local[b] = call_inputs[inputs[inner.attrs[0]]]
                 continue
             stands_for = [instance[m - first] for m in block.members[b] if m >= first]

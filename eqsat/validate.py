@@ -20,6 +20,7 @@ from eqsat import guard, plan_store, progress, rule_sources
 from eqsat.backends.lower import lower
 from eqsat.egraph_check import check_egraph
 from eqsat.errors import EqsatWarning
+from eqsat.ops import CONCAT
 from eqsat.plan_life import Entry, Event, State, Verdict
 from eqsat.planning import Planner
 from eqsat.sharding import added_collectives
@@ -147,8 +148,8 @@ def keep_collectives(planner: Planner, entry: Entry, flat: list[Any]) -> Verdict
     with jax.ensure_compile_time_eval():
         added = added_collectives(entry.call, entry.original, flat)
         done = planner.saturated.get(entry.signature)
-        if added and done is not None and "Concat" in entry.plan.rewritten_ops():
-            unmerged = planner.extract(done.graph, done.snapshot, entry.prepared, forbid=frozenset({"Concat"}))
+        if added and done is not None and CONCAT in entry.plan.rewritten_ops():
+            unmerged = planner.extract(done.graph, done.snapshot, entry.prepared, forbid=frozenset({CONCAT}))
             if not planner.nothing_to_gain(unmerged):
                 call = planner.runner(unmerged, done.flat_fun, done.closed)
                 if not added_collectives(call, entry.original, flat):

@@ -23,7 +23,7 @@ from eqsat.extract.views import (
     type_text,
     unmatched,
 )
-from eqsat.ops import OPS
+from eqsat.ops import OPS, VAR
 
 if TYPE_CHECKING:  # plans are read here, never built: extract.plan imports this module for its summary
     from eqsat.extract.plan import Plan
@@ -85,7 +85,7 @@ def regions(a: Program, b: Program, rules_fired: dict[str, int] | None = None, c
     one region, named by the scopes they came from: encoder/layer_3/attention/{q,k,v}. Nodes of no scope are
     one region, TOP_LEVEL."""
     only_a, only_b = unmatched(a, b)
-    items = [(p, i) for p, only in ((b, only_b), (a, only_a)) for i in sorted(only) if p.nodes[i].op != "Var"]
+    items = [(p, i) for p, only in ((b, only_b), (a, only_a)) for i in sorted(only) if p.nodes[i].op != VAR]
     group = list(range(len(items)))
 
     def find(k: int) -> int:
@@ -183,7 +183,7 @@ def program_difference(a: "Plan", b: "Plan", names: tuple[str, str] = ("the firs
     if original_graph(a) is None or original_graph(b) is None:
         return None
     first, second = original_program(a), original_program(b)
-    inputs = [{label(n): type_text(n) for n in p.nodes if n.op == "Var"} for p in (first, second)]
+    inputs = [{label(n): type_text(n) for n in p.nodes if n.op == VAR} for p in (first, second)]
     for name in sorted(inputs[0].keys() | inputs[1].keys()):
         types = [found.get(name) for found in inputs]
         if None in types:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from eqsat.errors import EqsatWarning
-from eqsat.ops import OPS, CostClass, contraction_flops
+from eqsat.ops import CONV, OPS, CostClass, contraction_flops
 
 Shape = tuple[int, ...]
 log = logging.getLogger("eqsat")
@@ -232,7 +232,7 @@ def _contraction(node: _Node, profile: Profile) -> Cost:
     measured = _timed(profile, node)
     if measured is not None:
         return Cost(measured, flops, moved, 1, measured=1)
-    peak = profile.flops_per_second(node.dtype or "float32", conv=node.op == "Conv")
+    peak = profile.flops_per_second(node.dtype or "float32", conv=node.op == CONV)
     seconds = max(flops / peak, moved / profile.bandwidth_for(moved))
     seconds += _epilogue_passes(node.op, node.attrs, profile) * node.out_bytes / profile.bandwidth_for(node.out_bytes)
     overhead = profile.launch_overhead if profile.contraction_overhead is None else profile.contraction_overhead

@@ -14,13 +14,14 @@ from eqsat.extract.timing import measurable
 from eqsat.extract.views import original_graph
 from eqsat.extract.widen import widen
 from eqsat.ir import Graph, Shape
-from eqsat.ops import OPS, infer
+from eqsat.ops import OPAQUE, OPS, TCONS, TNIL, VAR, CostClass, infer
 from eqsat.saturate import ENode, Limits, Snapshot, StopReason
 
 if TYPE_CHECKING:
     from eqsat.backends.memory import MemoryReport
 
-_STRUCTURAL = {"TCons", "TNil", "Get", "Var"}  # carry no cost and need no shape check
+# inputs, projections and list cells: carry no cost and need no shape check
+_STRUCTURAL = frozenset(name for name, spec in OPS.items() if spec.cost_class is CostClass.SOURCE)
 
 
 @dataclass
@@ -277,8 +278,8 @@ def plan_costs(nodes: list[PlanNode], graph: Graph, profile: Profile) -> tuple[C
 def _cost(node: ENode, snapshot: Snapshot, profile: Profile) -> float:
     if node.op in _STRUCTURAL:
         return 0.0
-    if node.op == "Op":
-        return node_cost("Op", [], snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass), profile).seconds
+    if node.op == OPAQUE:
+        return node_cost(OPAQUE, [], snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass), profile).seconds
     in_shapes = [snapshot.shape.get(c) for c in node.children]
     out_shape = snapshot.shape.get(node.eclass)
     if out_shape is None or any(s is None for s in in_shapes):
@@ -307,7 +308,7 @@ def _weight_nodes(snapshot: Snapshot, weights: frozenset[str]) -> list[bool]:
         for i, node in enumerate(nodes):
             if weight[i]:
                 continue
-            if node.attrs[0] in weights if node.op == "Var" else all(c in classes for c in node.children):
+            if node.attrs[0] in weights if node.op == VAR else all(c in classes for c in node.children):
                 weight[i], changed = True, True
                 classes.add(node.eclass)
     return weight
@@ -341,13 +342,13 @@ def _assemble(
     originals = _live_originals(graph, snapshot)
     for i in order:
         node = nodes[i]
-        if node.op == "TNil":
+        if node.op == TNIL:
             lists[node.eclass] = ()
             continue
-        if node.op == "TCons":
+        if node.op == TCONS:
             lists[node.eclass] = (index[node.children[0]], *lists[node.children[1]])
             continue
-        inputs = lists[node.children[0]] if node.op == "Op" else tuple(index[c] for c in node.children)
+        inputs = lists[node.children[0]] if node.op == OPAQUE else tuple(index[c] for c in node.children)
         shape, dtype = snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass)
         in_shapes = [plan_nodes[j].shape for j in inputs]
         priced = node.op not in _STRUCTURAL and not (weight[i] and free[i])
@@ -425,19 +426,24 @@ def _original_choice(graph: Graph, snapshot: Snapshot) -> dict[str, int]:
         if key in by_key:
             choice.setdefault(key[0], by_key[key])
     for i, node in enumerate(snapshot.nodes):  # TList cells of opaque calls are not graph nodes; any will do
-        if node.op in ("TCons", "TNil"):
+        if node.op in (TCONS, TNIL):
             choice.setdefault(node.eclass, i)
     return choice
 
 
 def _key(node: ENode) -> tuple:
-    return (node.eclass, node.op, tuple(node.attrs), () if node.op == "Op" else node.children)
+    return (node.eclass, node.op, tuple(node.attrs), () if node.op == OPAQUE else node.children)
 
 
 def _original_keys(graph: Graph, snapshot: Snapshot) -> list[tuple]:
     """(e-class, op, attrs, input e-classes) of every original node, in program order: what _key gives the e-node
     that is that original node, to tell rewritten plan nodes apart."""
     return [
-        (snapshot.orig.get(i), n.op, tuple(n.attrs), () if n.op == "Op" else tuple(snapshot.orig[j] for j in n.inputs))
+        (
+            snapshot.orig.get(i),
+            n.op,
+            tuple(n.attrs),
+            () if n.op == OPAQUE else tuple(snapshot.orig[j] for j in n.inputs),
+        )
         for i, n in enumerate(graph.nodes)
     ]

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from eqsat.ir import Graph, Role, Where
+from eqsat.ops import VAR
 
 if TYPE_CHECKING:
     from eqsat.extract.plan import PlanNode
@@ -31,7 +32,7 @@ def attach(nodes: "list[PlanNode]", members: list[list[int]], graph: Graph) -> N
             places[k] = _union(w for j in node.inputs for w in places[j])
         node.scopes = tuple(dict.fromkeys(w.scope for w in places[k] if w.scope))
         node.sources = tuple(dict.fromkeys(w.source for w in places[k] if w.source))
-        if node.op == "Var":
+        if node.op == VAR:
             variable = graph.variable(str(node.attrs[0]))
             node.path, node.param = variable.path, variable.role is Role.PARAMETER
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from eqsat.extract.cost import Cost
 from eqsat.ir import Graph, Role, Shape
+from eqsat.ops import OPAQUE, VAR
 
 if TYPE_CHECKING:  # plans are read here, never built: extract.plan imports this module for its summary
     from eqsat.extract.plan import Plan
@@ -76,7 +77,7 @@ def original_program(plan: "Plan") -> Program:
     nodes = []
     for i in live:
         n, where = graph.nodes[i], graph.where.get(i)
-        name = str(n.attrs[0]) if n.op == "Var" else ""
+        name = str(n.attrs[0]) if n.op == VAR else ""
         nodes.append(
             ViewNode(
                 n.op,
@@ -102,9 +103,9 @@ def program(plan: "Plan", which: str) -> Program:
 
 
 def label(node: ViewNode) -> str:
-    if node.op == "Var":
+    if node.op == VAR:
         return node.path or str(node.attrs[0])
-    if node.op == "Op":
+    if node.op == OPAQUE:
         return node.name  # an opaque call's attrs index the graph's opaque table: meaningless to readers
     return node.name + (f"[{','.join(map(str, node.attrs))}]" if node.attrs else "")
 

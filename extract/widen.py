@@ -75,7 +75,7 @@ def _widenable(nodes: list["PlanNode"], node: "PlanNode", narrow: list[bool]) ->
     floats = (*NARROW_FLOATS, WIDE)
     if not all(nodes[j].dtype in floats for j in node.inputs):
         return False
-    if node.op == "Convert":
+    if OPS[node.op].converts:
         return node.dtype in floats and (node.dtype == WIDE or narrow[node.inputs[0]])
     spec = OPS[node.op]
     return node.dtype in NARROW_FLOATS and spec.cost_class in _WIDENED_CLASSES and spec.keeps_input_dtype
