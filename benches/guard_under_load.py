@@ -3,39 +3,63 @@
     python -m benches.guard_under_load                       # 10 processes each, two busy ones (one per core)
     python -m benches.guard_under_load --runs 5 --busy 0     # the same on a quiet machine
     python -m benches.guard_under_load --example xent        # the LM loss alone
+    python -m benches.guard_under_load --example slower      # a plan slower on purpose: refused?
 
 Each run is a new process with an empty cache directory (no stored plan, no timing cache) that plans one example
 of eqsat/tools/examples.py or one case of benches/kernels.py (`distributivity` and `xent`, the LM loss over 4x512x32000
 logits, by default), waits for the plan and its guard's decision (on the first call, or on the live calls that
 follow an undecided one) and prints it. The busy processes spin for the whole
 bench and are stopped at its end.
+
+`slower` is a plan made slower on purpose: a batched matmul (16 x 64x64 by 64x64) beside its broadcast-multiply form
+(BcastBatchDot, what rules/kernels.egg offers for tiny matrices only; a user rule here offers it at any size), with a
+timing cache whose entry for that form is poisoned (a tenth of the GEMM's time, where it runs several times
+slower): the cost model picks it, and the guard must refuse it (counted as refused below).
 """
 
 import argparse
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
 
 from eqsat.tools.examples import EXAMPLES
 from eqsat.workload import Workload
 
 _RUN = """
 import json, eqsat
-from benches.guard_under_load import workload
+from benches.guard_under_load import RULES, workload
 from eqsat.tools.versus import settled
 work = workload({name!r})
-fast = eqsat.optimize(work.fn, params_argnums=work.params_argnums)
+fast = eqsat.optimize(work.fn, params_argnums=work.params_argnums, rules=RULES.get({name!r}))
 fast(*work.args)
 plan = settled(fast, work.args)  # undecided on the first call: live calls go on measuring until they decide
 print(json.dumps(plan.measured))
 """
 
 
+# any batched matmul beside its broadcast-multiply form (the built-in rule offers it for tiny matrices only)
+RULES = {
+    "slower": [
+        "; @real: the sum over K is re-associated\n"
+        '(rule ((= e (BatchDot a b))) ((union e (BcastBatchDot a b))) :name "any-batchdot-broadcast")'
+    ]
+}
+
+
 def workload(name: str) -> Workload:
     """An example of eqsat/tools/examples.py at full scale, else a case of benches/kernels.py."""
+    if name == "slower":
+        a, b = (jax.random.normal(jax.random.key(i), (16, 64, 64)) for i in (0, 1))
+        return Workload("slower", lambda a, b: jnp.tanh(a @ b), (a, b))
     if name in EXAMPLES:
         return EXAMPLES[name]("full")
     from benches.kernels import workload as kernel_case
@@ -48,24 +72,49 @@ def _spin() -> None:
         pass
 
 
+def _planned(example: str, cache: str) -> dict[str, Any] | None:
+    """The guard's measurement of the example's plan, planned in a fresh process with this cache directory."""
+    env = {**os.environ, "EQSAT_CACHE_DIR": cache, "EQSAT_BACKGROUND": "0", "EQSAT_PLAN_STORE": "off"}
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN.format(name=example)], env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _poisoned_timings(cache: str) -> Path:
+    """The timing cache of the `slower` example, measured here once, with the broadcast form's entries set to a
+    tenth of the GEMM's time."""
+    _planned("slower", cache)
+    (path,) = Path(cache, "timing").glob("*.json")
+    content = json.loads(path.read_text())
+    gemm = min(t for k, t in content["entries"].items() if k.startswith('["BatchDot"') and t)
+    for key in content["entries"]:
+        if key.startswith('["BcastBatchDot"'):
+            content["entries"][key] = gemm / 10
+    path.write_text(json.dumps(content))
+    return path
+
+
 def _kept(example: str, runs: int) -> int:
     """How many of `runs` fresh processes keep the example's plan, each printing its guard's decision."""
     kept = 0
-    for run in range(runs):
-        with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, "EQSAT_CACHE_DIR": cache, "EQSAT_BACKGROUND": "0"}
-            out = subprocess.run(
-                [sys.executable, "-c", _RUN.format(name=example)], env=env, capture_output=True, text=True, check=True
+    with tempfile.TemporaryDirectory() as seed:
+        timings = _poisoned_timings(seed) if example == "slower" else None
+        for run in range(runs):
+            with tempfile.TemporaryDirectory() as cache:
+                if timings is not None:
+                    Path(cache, "timing").mkdir()
+                    shutil.copy(timings, Path(cache, "timing", timings.name))
+                measured = _planned(example, cache)
+            runs_plan = bool(measured and measured["kept"])
+            kept += runs_plan
+            decision = measured and f"{measured['decision']} ({measured['faster_rounds']}/{measured['rounds']})"
+            source = measured and measured.get("source")
+            ratio = f"{measured['ratio']:.2f}" if measured else "-"
+            print(
+                f"{example} run {run + 1}: {decision} from the {source}, ratio {ratio}, kept {runs_plan}",
+                flush=True,
             )
-        measured = json.loads(out.stdout.strip().splitlines()[-1])
-        kept += bool(measured and measured["kept"])
-        decision = measured and f"{measured['decision']} ({measured['faster_rounds']}/{measured['rounds']})"
-        source = measured and measured.get("source")
-        print(
-            f"{example} run {run + 1}: {decision} from the {source}, ratio {measured and measured['ratio']:.2f}, "
-            f"kept {measured and measured['kept']}",
-            flush=True,
-        )
     return kept
 
 
@@ -84,7 +133,8 @@ def main() -> None:
         for process in busy:
             process.terminate()
     for example, count in kept.items():
-        print(f"{example}: kept in {count} of {options.runs} fresh processes, {options.busy} busy beside")
+        verdict = f"refused in {options.runs - count}" if example == "slower" else f"kept in {count}"
+        print(f"{example}: {verdict} of {options.runs} fresh processes, {options.busy} busy beside")
 
 
 if __name__ == "__main__":
