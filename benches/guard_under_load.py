@@ -8,16 +8,17 @@
 Each run is a new process with an empty cache directory (no stored plan, no timing cache) that plans one example
 of eqsat/tools/examples.py or one case of benches/kernels.py (`distributivity` and `xent`, the LM loss over 4x512x32000
 logits, by default), waits for the plan and its guard's decision (on the first call, or on the live calls that
-follow an undecided one) and prints it. The busy processes spin for the whole
-bench and are stopped at its end.
+follow an undecided one) and prints it. The busy processes spin for the whole bench and are stopped at its end.
 
-`slower` is a plan made slower on purpose: a batched matmul (16 x 64x64 by 64x64) beside its broadcast-multiply form
-(BcastBatchDot, what rules/kernels.egg offers for tiny matrices only; a user rule here offers it at any size), with a
-timing cache whose entry for that form is poisoned (a tenth of the GEMM's time, where it runs several times
-slower): the cost model picks it, and the guard must refuse it (counted as refused below).
+`wrong:CASE` plans CASE with a wrong rule (an addition's second term dropped): validation must refuse it. `--vary`
+gives each run other weights and inputs. `slower` is a plan made slower on purpose: a batched matmul (16 x 64x64
+by 64x64) beside its broadcast-multiply form (BcastBatchDot, what rules/kernels.egg offers for tiny matrices only;
+a user rule here offers it at any size), with a timing cache whose entry for that form is poisoned (a tenth of the
+GEMM's time, where it runs several times slower): the cost model picks it, and the guard must refuse it.
 """
 
 import argparse
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -36,13 +37,14 @@ from eqsat.workload import Workload
 
 _RUN = """
 import json, eqsat
-from benches.guard_under_load import RULES, workload
+from benches.guard_under_load import RULES, WRONG, vary, workload
 from eqsat.tools.versus import settled
-work = workload({name!r})
-fast = eqsat.optimize(work.fn, params_argnums=work.params_argnums, rules=RULES.get({name!r}))
+work = vary(workload({name!r}.removeprefix("wrong:")), {seed!r})
+rules = [WRONG] if {name!r}.startswith("wrong:") else RULES.get({name!r})
+fast = eqsat.optimize(work.fn, params_argnums=work.params_argnums, rules=rules)
 fast(*work.args)
 plan = settled(fast, work.args)  # undecided on the first call: live calls go on measuring until they decide
-print(json.dumps(plan.measured))
+print(json.dumps({{"measured": plan.measured, "fallback": plan.fallback}}))
 """
 
 
@@ -53,6 +55,10 @@ RULES = {
         '(rule ((= e (BatchDot a b))) ((union e (BcastBatchDot a b))) :name "any-batchdot-broadcast")'
     ]
 }
+
+
+# a wrong rule (an addition's second term dropped) for `wrong:CASE`: validation must refuse the plan it gives
+WRONG = '(rewrite (Add x y) x :name "wrong-add")'
 
 
 def workload(name: str) -> Workload:
@@ -67,16 +73,35 @@ def workload(name: str) -> Workload:
     return kernel_case(name)
 
 
+def vary(work: Workload, seed: int | None) -> Workload:
+    """The workload with its floating-point arguments (weights and inputs) each multiplied by 1 + 0.1 * a standard
+    normal draw of this seed (None: as it is)."""
+    if seed is None:
+        return work
+    leaves, tree = jax.tree.flatten(work.args)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    varied = [
+        x * (1 + 0.1 * jax.random.normal(k, jnp.shape(x), x.dtype)) if jnp.issubdtype(x.dtype, jnp.floating) else x
+        for x, k in zip(leaves, keys, strict=True)
+    ]
+    return dataclasses.replace(work, args=jax.tree.unflatten(tree, varied))
+
+
 def _spin() -> None:
     while True:
         pass
 
 
-def _planned(example: str, cache: str) -> dict[str, Any] | None:
-    """The guard's measurement of the example's plan, planned in a fresh process with this cache directory."""
+def _planned(example: str, cache: str, seed: int | None = None) -> dict[str, Any]:
+    """The guard's measurement of the example's plan and why the original runs where it does, planned in a fresh
+    process with this cache directory (its arguments varied by `seed`)."""
     env = {**os.environ, "EQSAT_CACHE_DIR": cache, "EQSAT_BACKGROUND": "0", "EQSAT_PLAN_STORE": "off"}
     out = subprocess.run(
-        [sys.executable, "-c", _RUN.format(name=example)], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", _RUN.format(name=example, seed=seed)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -95,8 +120,9 @@ def _poisoned_timings(cache: str) -> Path:
     return path
 
 
-def _kept(example: str, runs: int) -> int:
-    """How many of `runs` fresh processes keep the example's plan, each printing its guard's decision."""
+def _kept(example: str, runs: int, vary: bool = False) -> int:
+    """How many of `runs` fresh processes keep the example's plan, each printing its guard's decision (`vary`: run
+    k's weights and inputs varied by seed k)."""
     kept = 0
     with tempfile.TemporaryDirectory() as seed:
         timings = _poisoned_timings(seed) if example == "slower" else None
@@ -105,16 +131,16 @@ def _kept(example: str, runs: int) -> int:
                 if timings is not None:
                     Path(cache, "timing").mkdir()
                     shutil.copy(timings, Path(cache, "timing", timings.name))
-                measured = _planned(example, cache)
+                planned = _planned(example, cache, run if vary else None)
+                measured = planned["measured"]
             runs_plan = bool(measured and measured["kept"])
             kept += runs_plan
-            decision = measured and f"{measured['decision']} ({measured['faster_rounds']}/{measured['rounds']})"
-            source = measured and measured.get("source")
-            ratio = f"{measured['ratio']:.2f}" if measured else "-"
-            print(
-                f"{example} run {run + 1}: {decision} from the {source}, ratio {ratio}, kept {runs_plan}",
-                flush=True,
-            )
+            if measured:
+                how = f"{measured['decision']} ({measured['faster_rounds']}/{measured['rounds']}) from the "
+                how += f"{measured.get('source')}, ratio {measured['ratio']:.2f}"
+            else:  # never timed: validation refused it, or nothing to gain
+                how = f"not timed: {(planned['fallback'] or 'no fallback')[:150]}"
+            print(f"{example} run {run + 1}: {how}, kept {runs_plan}", flush=True)
     return kept
 
 
@@ -123,17 +149,19 @@ def main() -> None:
     parser.add_argument("--example", default="distributivity,xent", help="comma-separated examples or cases")
     parser.add_argument("--runs", type=int, default=10, help="fresh processes per example")
     parser.add_argument("--busy", type=int, default=2, help="busy processes spinning beside them")
+    parser.add_argument("--vary", action="store_true", help="other random weights and inputs in each run")
     options = parser.parse_args()
     busy = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(options.busy)]
     for process in busy:
         process.start()
     try:
-        kept = {example: _kept(example, options.runs) for example in options.example.split(",")}
+        kept = {example: _kept(example, options.runs, options.vary) for example in options.example.split(",")}
     finally:
         for process in busy:
             process.terminate()
     for example, count in kept.items():
-        verdict = f"refused in {options.runs - count}" if example == "slower" else f"kept in {count}"
+        refusing = example == "slower" or example.startswith("wrong:")
+        verdict = f"refused in {options.runs - count}" if refusing else f"kept in {count}"
         print(f"{example}: {verdict} of {options.runs} fresh processes, {options.busy} busy beside")
 
 
