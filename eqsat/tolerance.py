@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from eqsat.widening import widened
+
 # relative tolerance per dtype kind: float32 re-association changes rounding by about this much
 VALIDATION_RTOL = {"float64": 1e-7, "float32": 2e-3, "float16": 5e-2, "bfloat16": 5e-2}
 # the share of a result's largest magnitude added to each element's own (see differs): 1e-5 of the scale for
@@ -125,21 +127,23 @@ def _accuracy_problem(k: int, want: np.ndarray, have: np.ndarray, exact: np.ndar
 
 
 def _in_float64(original: Callable[..., list[Any]], flat: list[Any]) -> list[np.ndarray] | None:
-    """The original's results with its float inputs widened to float64 and jax's x64 mode on; None where it does
-    not run so."""
+    """The original's results with its floats computed in float64 and jax's x64 mode on (eqsat/widening.py: its
+    float32 constants and element types too); None where it does not run so."""
     with jax.enable_x64(True):
-        return _widened(original, flat, np.dtype(np.float64))
+        results = widened(original, flat, np.dtype(np.float64))
+    return None if results is None else comparable(results)
 
 
 def _widened(original: Callable[..., list[Any]], flat: list[Any], wide: np.dtype) -> list[np.ndarray] | None:
-    """The original's results with its narrower float inputs widened to `wide`; None where it does not run so."""
+    """The original's results with its narrower float inputs widened to `wide` (its bfloat16 and float16
+    operations kept: the reference a narrow plan is judged against); None where it does not run so."""
 
-    def widened(x: Any) -> Any:
+    def widen(x: Any) -> Any:
         narrower = _dtype_name(x) in VALIDATION_RTOL and np.dtype(x.dtype).itemsize < wide.itemsize
         return np.asarray(x, wide) if narrower else x
 
     try:
-        return comparable(original(*map(widened, flat)))
+        return comparable(original(*map(widen, flat)))
     except Exception:  # an input read bit for bit, a dtype-specific op: the wider program is not the original's
         return None
 

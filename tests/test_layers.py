@@ -17,6 +17,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("ir and op table", {
         "eqsat", "eqsat.background", "eqsat.errors", "eqsat.graph_walk", "eqsat.guard", "eqsat.ir", "eqsat.lru",
         "eqsat.measure", "eqsat.ops", "eqsat.progress", "eqsat.sample", "eqsat.tolerance", "eqsat.workload",
+        "eqsat.widening",  # the float64 reference validation judges accuracy against
         "eqsat.shape_rules",  # the op table's shape and dtype rules, read from eqsat/shapes.egg
         "eqsat.backends.kernels",  # the alternative kernels the op table's entries lower through
         "eqsat.backends.cumulative",  # the op table's cumulative kernels
