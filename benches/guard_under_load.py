@@ -10,7 +10,7 @@ of eqsat/tools/examples.py or one case of benches/kernels.py (`distributivity` a
 logits, by default), waits for the plan and its guard's decision (on the first call, or on the live calls that
 follow an undecided one) and prints it. The busy processes spin for the whole bench and are stopped at its end.
 
-`wrong:CASE` plans CASE with a wrong rule (an addition's second term dropped): validation must refuse it. `--vary`
+`wrong:CASE` plans CASE with a wrong rule (a product's second factor dropped): validation must refuse it. `--vary`
 gives each run other weights and inputs. `slower` is a plan made slower on purpose: a batched matmul (16 x 64x64
 by 64x64) beside its broadcast-multiply form (BcastBatchDot, what rules/kernels.egg offers for tiny matrices only;
 a user rule here offers it at any size), with a timing cache whose entry for that form is poisoned (a tenth of the
@@ -57,8 +57,9 @@ RULES = {
 }
 
 
-# a wrong rule (an addition's second term dropped) for `wrong:CASE`: validation must refuse the plan it gives
-WRONG = '(rewrite (Add x y) x :name "wrong-add")'
+# a wrong rule for `wrong:CASE` (a product's second factor dropped where that keeps the shape: batch norm's scale;
+# dropping an addition's term is right on keras' zero biases): validation must refuse the plan it gives
+WRONG = '(rule ((= e (Mul x y)) (= (shape e) (shape x))) ((union e x)) :name "wrong-mul")'
 
 
 def workload(name: str) -> Workload:
