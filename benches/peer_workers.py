@@ -53,7 +53,7 @@ def until_ready(first_call: Callable[[], object], limit: float, what: str) -> fl
     `limit` a timer prints the worker's answer, a skip, and ends the process."""
 
     def give_up() -> None:
-        print(json.dumps({"skipped": f"{what} exceeded {limit:.0f} s"}), flush=True)
+        print(json.dumps({"skipped": f"{what} exceeded {limit:g} s"}), flush=True)
         os._exit(0)
 
     timer = threading.Timer(limit, give_up)

@@ -158,8 +158,9 @@ def best_per_round(rows: list[Row], model: str, mode: str) -> list[Row]:
     return best
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.0f} s" if value >= 10 else f"{value:.1f} s" if value >= 1 else f"{value:.2f} s"
+def _seconds(values: list[float]) -> str:
+    """Seconds per round, to two significant digits or the whole second."""
+    return " / ".join(f"{v:.0f}" if v >= 10 else f"{v:.1f}" if v >= 1 else f"{v:.2f}" for v in values) + " s"
 
 
 def _joined(values: list[str]) -> str:
@@ -174,7 +175,7 @@ def cell(best: list[Row]) -> str:
     if not measured:
         return "not run: " + (best[0].get("skipped") or best[0].get("error", "?")) if best else ""
     latency = " / ".join(f"{r['median_ms']:.1f}" if "median_ms" in r else "-" for r in best) + " ms"
-    first = " / ".join(_seconds(r["first_call_s"]) for r in measured)
+    first = _seconds([r["first_call_s"] for r in measured])
     if measured[0]["mode"] == "eqsat":
         runs = _joined([r.get("plan", {}).get("runs", "?") for r in measured])
         return f"{latency} (plan ready {first}; {runs} runs)"
