@@ -10,8 +10,10 @@ Needs the optional extras `peers` (torch, torchvision) and `models` (keras): `pi
 torch runs torchvision's models, JAX and eqsat keras.applications' (KERAS_BACKEND=jax), all with random weights.
 
 Every measurement runs in its own process (`--worker`), one after another, the frameworks alternating within each
-round, each pinned to `--threads` CPUs. Each worker starts with empty caches (torch inductor's, eqsat's timing cache
-and stored plans), so its first call is a cold compile. A torch mode runs once per memory format (contiguous,
+round, each pinned to `--threads` CPUs. Each worker starts with empty caches of what is kept per model (torch
+inductor's cache, eqsat's timing cache and stored plans), so its first call is a cold compile; what is kept once per
+machine is not (inductor's precompiled torch headers, built by a warm-up before the rounds; eqsat's calibrated
+profiles). A torch mode runs once per memory format (contiguous,
 channels_last) and reports the faster. eqsat's first call lasts until its plan is ready: built, validated and
 settled by the guard (eqsat.tools.versus.settled), so the timed calls run what runs from then on.
 """
@@ -33,7 +35,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benches.peer_workers import MEMORY_FORMATS, MODELS, MODES, TORCH_COMPILE_MODES, TORCH_MODES, Settings
+from benches.peer_workers import MEMORY_FORMATS, MODELS, MODES, TORCH_COMPILE_MODES, TORCH_MODES, WARM_UP, Settings
 
 REPO = Path(__file__).resolve().parents[1]
 TITLES = {
@@ -76,6 +78,7 @@ def _worker_command(mode: str, model: str, memory_format: str, settings: Setting
 def run_worker(mode: str, model: str, memory_format: str, settings: Settings) -> Row:
     """One measurement in a fresh process with empty caches; its JSON line, or why there is none."""
     caches = Path(tempfile.mkdtemp(prefix="peers-"))
+    _keep_calibration(caches / "eqsat")
     env = {
         **os.environ,
         "KERAS_BACKEND": "jax",
@@ -106,6 +109,23 @@ def run_worker(mode: str, model: str, memory_format: str, settings: Settings) ->
         return json.loads(lines[-1])
     last = err.strip().splitlines()[-1] if err.strip() else f"exit status {worker.returncode}"
     return {"error": last[:200]}
+
+
+def _keep_calibration(cache: Path) -> None:
+    """eqsat's calibrated device profiles (`python -m eqsat calibrate`) are per machine, like torch's precompiled
+    headers, and kept; its timing cache and stored plans are per model, and start empty."""
+    from eqsat.extract.cost import cache_dir
+
+    if (cache_dir() / "profiles").is_dir():
+        shutil.copytree(cache_dir() / "profiles", cache / "profiles")
+
+
+def warm_up_torch(settings: Settings, runner: Runner = run_worker) -> None:
+    """Build torch inductor's precompiled headers before any measurement: once per machine, for every model."""
+    print("warming up torch.compile (its precompiled headers, once per machine)", file=sys.stderr, flush=True)
+    result = runner(WARM_UP, "-", "native", settings)
+    if "error" in result:
+        print(f"torch.compile's warm-up failed: {result['error']}", file=sys.stderr, flush=True)
 
 
 def _end_group(pgid: int) -> None:
@@ -256,7 +276,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-compile", type=float, default=defaults.max_compile, help="a longer first call is skipped, s"
     )
     parser.add_argument("--json", type=Path, help="save the rows and the table here")
-    parser.add_argument("--worker", nargs=2, metavar=("MODE", "MODEL"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=2, metavar=("MODE", "MODEL"), help=argparse.SUPPRESS)  # one measurement
     parser.add_argument("--format", default="native", choices=(*MEMORY_FORMATS, "native"), help=argparse.SUPPRESS)
     return parser
 
@@ -282,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     if missing := missing_extras(modes):
         print(missing, file=sys.stderr)
         return 2
+    if set(modes) & set(TORCH_COMPILE_MODES):
+        warm_up_torch(settings)
     rows = run_bench(models, modes, settings, args.rounds)
     text = table(rows, models, modes)
     print(f"\n{caption(settings, args.rounds)}\n\n{text}")

@@ -121,3 +121,15 @@ def test_a_first_call_past_the_limit_is_reported_as_skipped():
 def test_latency_is_a_median_of_at_least_the_minimum_calls():
     median, calls = peer_workers.latency_ms(lambda: None, seconds=0.0)
     assert calls == peer_workers.MIN_CALLS and 0 <= median < 1
+
+
+def test_warm_up_runs_once_before_the_rounds_and_reports_a_failure(capsys):
+    calls = []
+
+    def failing(mode: str, model: str, memory_format: str, settings: peer_workers.Settings) -> dict:
+        calls.append((mode, model, memory_format))
+        return {"error": "no C++ compiler"}
+
+    peers.warm_up_torch(peer_workers.Settings(), runner=failing)
+    assert calls == [(peer_workers.WARM_UP, "-", "native")]
+    assert "torch.compile's warm-up failed: no C++ compiler" in capsys.readouterr().err
