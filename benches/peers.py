@@ -86,29 +86,38 @@ def run_worker(mode: str, model: str, memory_format: str, settings: Settings) ->
         "EQSAT_CACHE_DIR": str(caches / "eqsat"),
     }
     limit = settings.max_compile + 3 * settings.seconds + WORKER_SLACK_S
-    # its own session, so that the compile workers it starts end with it
-    worker = subprocess.Popen(
-        _worker_command(mode, model, memory_format, settings),
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    # output to files, not pipes: a worker that gives up exits while its compile workers still hold its output open;
+    # its own session, so that those end with it
+    with open(caches / "out", "w") as out, open(caches / "err", "w") as err:
+        worker = subprocess.Popen(
+            _worker_command(mode, model, memory_format, settings),
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+        try:
+            status: int | str = worker.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            status = f"worker ran past {limit:.0f} s"
+        finally:
+            _end_group(worker.pid)
+            worker.wait()
     try:
-        out, err = worker.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        out, err = "", f"worker ran past {limit:.0f} s"
+        return _answer(status, (caches / "out").read_text(), (caches / "err").read_text())
     finally:
-        _end_group(worker.pid)
-        worker.wait()
         shutil.rmtree(caches, ignore_errors=True)
-    lines = out.strip().splitlines()
-    if worker.returncode == 0 and lines:
-        return json.loads(lines[-1])
-    last = err.strip().splitlines()[-1] if err.strip() else f"exit status {worker.returncode}"
-    return {"error": last[:200]}
+
+
+def _answer(status: int | str, out: str, err: str) -> Row:
+    """The worker's JSON line; else its exit status and last line of errors."""
+    answers = [line for line in out.splitlines() if line.startswith("{")]
+    if status == 0 and answers:
+        return json.loads(answers[-1])
+    last = err.strip().splitlines()[-1] if err.strip() else ""
+    why = status if isinstance(status, str) else f"exit status {status}"
+    return {"error": f"{why}: {last[:200]}" if last else why}
 
 
 def _keep_calibration(cache: Path) -> None:

@@ -133,3 +133,10 @@ def test_warm_up_runs_once_before_the_rounds_and_reports_a_failure(capsys):
     peers.warm_up_torch(peer_workers.Settings(), runner=failing)
     assert calls == [(peer_workers.WARM_UP, "-", "native")]
     assert "torch.compile's warm-up failed: no C++ compiler" in capsys.readouterr().err
+
+
+def test_a_worker_without_an_answer_says_why():
+    assert peers._answer(0, 'warming\n{"median_ms": 2.0}\n', "") == {"median_ms": 2.0}
+    failed = peers._answer(1, "", "Traceback ...\nModuleNotFoundError: No module named 'keras'\n")
+    assert failed == {"error": "exit status 1: ModuleNotFoundError: No module named 'keras'"}
+    assert peers._answer("worker ran past 1500 s", "", "") == {"error": "worker ran past 1500 s"}
