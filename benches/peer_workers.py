@@ -95,7 +95,8 @@ def torch_run(mode: str, model: str, memory_format: str, settings: Settings) -> 
         x = x.contiguous(memory_format=torch.channels_last)
     run = net if mode == "eager" else torch.compile(net, mode=TORCH_COMPILE_MODES[mode])
     with torch.inference_mode():
-        first_s = until_ready(lambda: run(x), settings.max_compile, f"torch.compile {mode}")
+        what = f"torch.compile's {TORCH_COMPILE_MODES[mode] or 'default'} compile"
+        first_s = until_ready(lambda: run(x), settings.max_compile, what)
         median, calls = latency_ms(lambda: run(x), settings.seconds)
     return {"first_call_s": first_s, "median_ms": median, "calls": calls, "version": f"torch {torch.__version__}"}
 

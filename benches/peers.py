@@ -35,7 +35,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from benches.peer_workers import MEMORY_FORMATS, MODELS, MODES, TORCH_COMPILE_MODES, TORCH_MODES, WARM_UP, Settings
+from benches.peer_workers import (
+    MEMORY_FORMATS,
+    MODELS,
+    MODES,
+    TORCH_COMPILE_MODES,
+    TORCH_MODES,
+    WARM_UP,
+    Settings,
+    worker_main,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TITLES = {
@@ -263,11 +272,13 @@ def machine() -> str:
     return f"{names[0] if names else cpu}, {os.cpu_count()} CPUs"
 
 
-def caption(settings: Settings, rounds: int) -> str:
+def caption(settings: Settings, rounds: int, load_before: float) -> str:
+    """Date, machine, load and settings: what a table in RESULTS.md says it was measured under."""
     return (
-        f"{time.strftime('%Y-%m-%d')}, {machine()}: batch {settings.batch}, {settings.size}x{settings.size}, "
-        f"{settings.threads} threads, {rounds} round(s) of {settings.seconds:g} s per measurement; latency per round "
-        "(median), first call = cold compile (eqsat: until its plan is ready)"
+        f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {machine()}, load average {load_before:.1f} before "
+        f"the run: batch {settings.batch}, {settings.size}x{settings.size}, {settings.threads} threads, {rounds} "
+        f"round(s) of {settings.seconds:g} s per measurement; latency per round (median), first call = cold compile "
+        "(eqsat: until its plan is ready)"
     )
 
 
@@ -303,21 +314,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = Settings(args.batch, args.size, args.seconds, args.threads, args.max_compile)
     if args.worker:
-        from benches.peer_workers import worker_main
-
         return worker_main(*args.worker, args.format, settings)
     models = _chosen(parser, args.models, MODELS, "models")
     modes = _chosen(parser, args.modes, MODES, "modes")
     if missing := missing_extras(modes):
         print(missing, file=sys.stderr)
         return 2
+    load_before = os.getloadavg()[0]
     if set(modes) & set(TORCH_COMPILE_MODES):
         warm_up_torch(settings)
     rows = run_bench(models, modes, settings, args.rounds)
     text = table(rows, models, modes)
-    print(f"\n{caption(settings, args.rounds)}\n\n{text}")
+    title = caption(settings, args.rounds, load_before)
+    print(f"\n{title}\n\n{text}")
     if args.json:
-        saved = {"caption": caption(settings, args.rounds), "settings": asdict(settings), "rows": rows, "table": text}
+        saved = {"caption": title, "settings": asdict(settings), "rows": rows, "table": text}
         args.json.write_text(json.dumps(saved, indent=1, default=str) + "\n")
     return 0
 

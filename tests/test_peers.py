@@ -56,8 +56,10 @@ class FakeWorkers:
 
     def __call__(self, mode: str, model: str, memory_format: str, settings: peer_workers.Settings) -> dict:
         self.calls.append((mode, model, memory_format))
+        if mode == peer_workers.WARM_UP:
+            return {"warmed": True}
         if mode == "max-autotune":
-            return {"skipped": "torch.compile max-autotune exceeded 600 s"}
+            return {"skipped": "torch.compile's max-autotune compile exceeded 600 s"}
         first = {"compile": 30.0, "eqsat": 6.0}.get(mode, 0.5)
         result = {"first_call_s": first, "median_ms": self.LATENCY_MS[mode, memory_format], "calls": 10}
         if mode == "eqsat":
@@ -95,7 +97,7 @@ def test_table_takes_the_faster_format_and_the_best_compile_mode():
     assert cells[0] == "MobileNetV2"
     assert cells[1] == "30.0 / 30.0 ms (first call 0.50 / 0.50 s; channels_last)"
     assert cells[2] == "10.0 / 10.0 ms (first call 30 / 30 s; channels_last)"
-    assert cells[3] == "not run: torch.compile max-autotune exceeded 600 s"
+    assert cells[3] == "not run: torch.compile's max-autotune compile exceeded 600 s"
     assert cells[4] == "50.0 / 50.0 ms (first call 0.50 / 0.50 s)"
     assert cells[5] == "8.0 / 8.0 ms (plan ready 6.0 / 6.0 s; plan runs)"
     assert cells[6] == "1.25x / 1.25x as fast; plan ready in 0.20 / 0.20 of the compile time"
@@ -140,3 +142,21 @@ def test_a_worker_without_an_answer_says_why():
     failed = peers._answer(1, "", "Traceback ...\nModuleNotFoundError: No module named 'keras'\n")
     assert failed == {"error": "exit status 1: ModuleNotFoundError: No module named 'keras'"}
     assert peers._answer("worker ran past 1500 s", "", "") == {"error": "worker ran past 1500 s"}
+
+
+def test_main_prints_and_saves_the_table(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(peers.importlib.util, "find_spec", _lacking())
+    fake = FakeWorkers()
+    monkeypatch.setattr(peers, "warm_up_torch", lambda settings: fake(peer_workers.WARM_UP, "-", "native", settings))
+    bench = peers.run_bench
+    monkeypatch.setattr(peers, "run_bench", lambda *args: bench(*args, runner=fake))
+    saved = tmp_path / "peers.json"
+    argv = ["--models", "MobileNetV3Small", "--modes", "compile,eqsat", "--rounds", "1", "--json", str(saved)]
+    assert peers.main([*argv, "--batch", "1", "--size", "96"]) == 0
+    assert fake.calls[0] == (peer_workers.WARM_UP, "-", "native")  # before any measurement
+    printed = capsys.readouterr().out
+    result = json.loads(saved.read_text())
+    assert result["table"] in printed and result["caption"] in printed
+    assert "batch 1, 96x96, 2 threads, 1 round(s)" in result["caption"]
+    assert result["settings"]["size"] == 96 and len(result["rows"]) == 3
+    assert "| MobileNetV3Small | 10.0 ms (first call 30 s; channels_last) | 8.0 ms" in result["table"]
