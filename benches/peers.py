@@ -272,13 +272,14 @@ def machine() -> str:
     return f"{names[0] if names else cpu}, {os.cpu_count()} CPUs"
 
 
-def caption(settings: Settings, rounds: int, load_before: float) -> str:
-    """Date, machine, load and settings: what a table in RESULTS.md says it was measured under."""
+def caption(settings: Settings, rounds: int, load_before: float, rows: list[Row]) -> str:
+    """Date, machine, load, versions and settings: what a table in RESULTS.md says it was measured under."""
+    versions = ", ".join(sorted({row["version"] for row in rows if "version" in row}))
     return (
         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {machine()}, load average {load_before:.1f} before "
-        f"the run: batch {settings.batch}, {settings.size}x{settings.size}, {settings.threads} threads, {rounds} "
-        f"round(s) of {settings.seconds:g} s per measurement; latency per round (median), first call = cold compile "
-        "(eqsat: until its plan is ready)"
+        f"the run, {versions or 'no versions reported'}: batch {settings.batch}, {settings.size}x{settings.size}, "
+        f"{settings.threads} threads, {rounds} round(s) of {settings.seconds:g} s per measurement; latency per round "
+        "(median), first call = cold compile (eqsat: until its plan is ready)"
     )
 
 
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         warm_up_torch(settings)
     rows = run_bench(models, modes, settings, args.rounds)
     text = table(rows, models, modes)
-    title = caption(settings, args.rounds, load_before)
+    title = caption(settings, args.rounds, load_before, rows)
     print(f"\n{title}\n\n{text}")
     if args.json:
         saved = {"caption": title, "settings": asdict(settings), "rows": rows, "table": text}

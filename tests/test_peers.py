@@ -62,6 +62,7 @@ class FakeWorkers:
             return {"skipped": "torch.compile's max-autotune compile exceeded 600 s"}
         first = {"compile": 30.0, "eqsat": 6.0}.get(mode, 0.5)
         result = {"first_call_s": first, "median_ms": self.LATENCY_MS[mode, memory_format], "calls": 10}
+        result["version"] = "torch 0.0" if mode in peer_workers.TORCH_MODES else "jax 0.0"
         if mode == "eqsat":
             result["plan"] = {"runs": "plan", "guard_ratio": 3.0, "fallback": None}
         return result
@@ -157,6 +158,6 @@ def test_main_prints_and_saves_the_table(monkeypatch, tmp_path, capsys):
     printed = capsys.readouterr().out
     result = json.loads(saved.read_text())
     assert result["table"] in printed and result["caption"] in printed
-    assert "batch 1, 96x96, 2 threads, 1 round(s)" in result["caption"]
+    assert "jax 0.0, torch 0.0: batch 1, 96x96, 2 threads, 1 round(s)" in result["caption"]
     assert result["settings"]["size"] == 96 and len(result["rows"]) == 3
     assert "| MobileNetV3Small | 10.0 ms (first call 30 s; channels_last) | 8.0 ms" in result["table"]
