@@ -93,9 +93,10 @@ def torch_run(mode: str, model: str, memory_format: str, settings: Settings) -> 
     if memory_format == "channels_last":
         net = net.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
-    run = net if mode == "eager" else torch.compile(net, mode=TORCH_COMPILE_MODES[mode])
+    compiled = mode in TORCH_COMPILE_MODES
+    run = torch.compile(net, mode=TORCH_COMPILE_MODES[mode]) if compiled else net
+    what = f"torch.compile's {TORCH_COMPILE_MODES[mode] or 'default'} compile" if compiled else "first eager call"
     with torch.inference_mode():
-        what = f"torch.compile's {TORCH_COMPILE_MODES[mode] or 'default'} compile"
         first_s = until_ready(lambda: run(x), settings.max_compile, what)
         median, calls = latency_ms(lambda: run(x), settings.seconds)
     return {"first_call_s": first_s, "median_ms": median, "calls": calls, "version": f"torch {torch.__version__}"}
