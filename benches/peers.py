@@ -222,11 +222,11 @@ def cell(best: list[Row]) -> str:
     return f"{latency} (first call {first}{note})"
 
 
-def eqsat_against_compile(rows: list[Row], model: str) -> tuple[list[float], list[float]]:
-    """Per round where both ran: torch.compile's best mode's latency over eqsat's (above 1: eqsat faster), and eqsat's
-    plan-ready time over that mode's cold compile (below 0.5: ready in under half the time)."""
+def eqsat_against_compile(rows: list[Row], model: str) -> tuple[list[float], list[float], list[str]]:
+    """Per round where both ran: torch.compile's best mode's latency over eqsat's (above 1: eqsat faster), eqsat's
+    plan-ready time over that mode's cold compile (below 0.5: ready in under half the time), and which mode it was."""
     eqsat = {r["round"]: r for r in best_per_round(rows, model, "eqsat") if "median_ms" in r}
-    speedups, ready = [], []
+    speedups, ready, modes = [], [], []
     for round_number, ours in sorted(eqsat.items()):
         theirs = [
             r
@@ -238,16 +238,17 @@ def eqsat_against_compile(rows: list[Row], model: str) -> tuple[list[float], lis
             fastest = min(theirs, key=lambda r: r["median_ms"])
             speedups.append(fastest["median_ms"] / ours["median_ms"])
             ready.append(ours["first_call_s"] / fastest["first_call_s"])
-    return speedups, ready
+            modes.append(TORCH_COMPILE_MODES[fastest["mode"]] or "default")
+    return speedups, ready, modes
 
 
-def versus_cell(speedups: list[float], ready: list[float]) -> str:
+def versus_cell(speedups: list[float], ready: list[float], modes: list[str]) -> str:
     """eqsat's speed against torch.compile's best mode per round, and its plan-ready time as a share of the compile."""
     if not speedups:
         return "-"
     times = " / ".join(f"{s:.2f}x" for s in speedups)
     shares = " / ".join(f"{r:.2f}" for r in ready)
-    return f"{times} as fast; plan ready in {shares} of the compile time"
+    return f"{times} as fast as {_joined(modes)}; plan ready in {shares} of the compile time"
 
 
 def table(rows: list[Row], models: list[str], modes: list[str]) -> str:
@@ -258,8 +259,7 @@ def table(rows: list[Row], models: list[str], modes: list[str]) -> str:
     for model in models:
         cells = [cell(best_per_round(rows, model, mode)) for mode in modes]
         if versus:
-            speedups, ready = eqsat_against_compile(rows, model)
-            cells.append(versus_cell(speedups, ready))
+            cells.append(versus_cell(*eqsat_against_compile(rows, model)))
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

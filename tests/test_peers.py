@@ -88,8 +88,8 @@ def test_table_takes_the_faster_format_and_the_best_compile_mode():
     rows = peers.run_bench(["MobileNetV2"], modes, peer_workers.Settings(), 2, runner=FakeWorkers())
     best = peers.best_per_round(rows, "MobileNetV2", "compile")
     assert [(r["format"], r["median_ms"]) for r in best] == [("channels_last", 10.0)] * 2
-    speedups, ready = peers.eqsat_against_compile(rows, "MobileNetV2")
-    assert speedups == [10.0 / 8.0] * 2 and ready == [6.0 / 30.0] * 2
+    speedups, ready, best_modes = peers.eqsat_against_compile(rows, "MobileNetV2")
+    assert speedups == [10.0 / 8.0] * 2 and ready == [6.0 / 30.0] * 2 and best_modes == ["default"] * 2
 
     text = peers.table(rows, ["MobileNetV2"], modes)
     header, rule, line = text.strip().splitlines()
@@ -101,7 +101,7 @@ def test_table_takes_the_faster_format_and_the_best_compile_mode():
     assert cells[3] == "not run: torch.compile's max-autotune compile exceeded 600 s"
     assert cells[4] == "50.0 / 50.0 ms (first call 0.50 / 0.50 s)"
     assert cells[5] == "8.0 / 8.0 ms (plan ready 6.0 / 6.0 s; plan runs)"
-    assert cells[6] == "1.25x / 1.25x as fast; plan ready in 0.20 / 0.20 of the compile time"
+    assert cells[6] == "1.25x / 1.25x as fast as default; plan ready in 0.20 / 0.20 of the compile time"
     assert rule.count("|---") == len(cells)
 
 
