@@ -55,6 +55,9 @@ TITLES = {
     "eqsat": "eqsat",
 }
 WORKER_SLACK_S = 900.0  # a worker's imports and model building, beyond its compile limit and timed calls
+BUSY_LOAD = 0.5
+# measured on a 2-core machine with both cores busy: MobileNetV3Small eager at 2 threads 7-658 ms, at 1 thread 2.7 ms
+BUSY_WARNING = "the machine is busy; torch's OpenMP threads wait on each other at every op, so its times will jump"
 Row = dict[str, Any]
 Runner = Callable[[str, str, str, Settings], Row]
 
@@ -322,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         print(missing, file=sys.stderr)
         return 2
     load_before = os.getloadavg()[0]
+    if load_before > BUSY_LOAD:
+        print(f"load average {load_before:.1f}: {BUSY_WARNING}", file=sys.stderr, flush=True)
     if set(modes) & set(TORCH_COMPILE_MODES):
         warm_up_torch(settings)
     rows = run_bench(models, modes, settings, args.rounds)
