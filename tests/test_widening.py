@@ -45,3 +45,32 @@ def test_a_program_that_cannot_run_wide_gives_no_reference():
     bits = lambda x: lax.bitcast_convert_type(x, jnp.int32)  # noqa: E731  reads its input bit for bit
     with jax.enable_x64(True):
         assert widened(jax.jit(bits), [jnp.ones(3, jnp.float32)], F64) is None
+
+
+def test_an_exact_result_the_float64_evaluation_rounds_to_zero_is_accepted():
+    # fuzz seed 2037 case 6187: log(sum(exp(x))) of x near 1e-31 inside jax.checkpoint is 0 in float32 and in float64
+    # (exp(x) rounds to 1); eqsat's stable logsumexp gives x itself, exactly. The float64 reference is blurred there
+    # by its own rounding (about 2e-16: exp's result an ulp up moves the log by that), which the plan's error of 1e-31
+    # is far within; an error of 1e-3 is not
+    from eqsat.tolerance import beyond_conditioning, less_accurate
+
+    x = jnp.asarray([[2.23e-31], [-1.3e-31], [5e-33]], jnp.float32)
+    original = jax.jit(jax.checkpoint(lambda x: [jnp.log(jnp.sum(jnp.exp(x), -1))]))
+    want = [np.asarray(original(x)[0])]
+    assert np.all(want[0] == 0)
+    for got, accepted in (([np.asarray(x[:, 0])], True), ([np.full(3, 1e-3, np.float32)], False)):
+        unjudged = beyond_conditioning(original, [x], want, got)
+        assert unjudged is not None  # the inputs' rounding moves the original not at all
+        assert (less_accurate(original, [x], want, got, unjudged) is None) == accepted
+
+
+def test_rounded_up_moves_every_operation_in_loop_and_checkpoint_bodies_too():
+    def program(x):
+        body = jax.checkpoint(lambda c, v: (c + jnp.exp(v), None))
+        return [lax.scan(body, jnp.zeros(()), x)[0] - 3.0]
+
+    x = jnp.zeros(3, jnp.float32)  # exp(0) = 1 three times: 3 - 3 = 0 exactly, unless a sum rounds otherwise
+    with jax.enable_x64(True):
+        (plain,) = widened(program, [x], F64)
+        (up,) = widened(program, [x], F64, rounded_up=True)
+    assert float(plain) == 0 and float(up) > 0  # every partial sum an ulp up: no longer exactly 3
