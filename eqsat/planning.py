@@ -178,10 +178,10 @@ class Planner:
 
     def nothing_to_gain(self, plan: Plan) -> bool:
         """The original program, node for node, or one that differs only in what XLA does itself or nearly as
-        well: duplicates shared, weight-only work hoisted, for a predicted gain below the profile's min_gain. The
-        original's own weight-only work (x @ W.T's transpose) counts as a gain when prepared: XLA:CPU runs a
+        well: duplicates shared, parameter-only work hoisted, for a predicted gain below the profile's min_gain. The
+        original's own parameter-only work (x @ W.T's transpose) counts as a gain when prepared: XLA:CPU runs a
         matrix-vector product with a transposed weight several times slower than with the weight transposed once."""
-        if plan.unchanged and not any(node.weight for node in plan.nodes):
+        if plan.unchanged and not any(node.parameter_only for node in plan.nodes):
             return True
         rewritten = plan.rewritten_ops() or plan.stats.get("bodies_rewritten")
         return not rewritten and plan.predicted.seconds > plan.original.seconds * (1 - self.options.profile.min_gain)
@@ -277,7 +277,7 @@ class Planner:
     def _plan_entry(self, signature: Signature, prepared: bool, key: str | None, done: Saturated) -> Entry:
         t2 = time.perf_counter()
         options = self.options
-        progress.begin("extract", f"extract ({options.extractor}{', weights prepared' if prepared else ''})")
+        progress.begin("extract", f"extract ({options.extractor}{', parameters prepared' if prepared else ''})")
         plan = self.extract(done.graph, done.snapshot, prepared)
         extract_s = time.perf_counter() - t2 - plan.stats.get("measure_s", 0.0)  # measuring is reported apart
         plan.stats.update(capture_s=done.capture_s, saturate_s=done.saturate_s, extract_s=extract_s)

@@ -27,8 +27,8 @@ def against_jit(
 ) -> tuple[Comparison, eqsat.Optimized]:
     """The interleaved comparison, and the optimized function (its plans, memory, timings).
 
-    With `prepare` and parameters declared by the workload, eqsat's side is `fast.prepare(params)` (weight work
-    done once) and jax.jit's side the original called with the same parameters."""
+    With `prepare` and parameters declared by the workload, eqsat's side is `fast.prepare(params)` (parameter-only
+    work done once) and jax.jit's side the original called with the same parameters."""
     baseline = jax.jit(work.fn)
     prepared = prepare and bool(work.params_argnums)
     fast = eqsat.optimize(work.fn, target=target, params_argnums=work.params_argnums if prepared else ())
