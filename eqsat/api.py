@@ -19,9 +19,8 @@ from eqsat.backends.memory import BudgetReport, MemoryReport, memory_report
 from eqsat.buckets import Bucketed, Buckets
 from eqsat.dispatcher import Dispatcher
 from eqsat.extract.plan import Plan
-from eqsat.options import Options, checked, checked_option, resolve
+from eqsat.options import Limits, Options, checked, checked_option, resolve
 from eqsat.prepare import prepare
-from eqsat.saturate import Limits
 
 
 class Optimized:

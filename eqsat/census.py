@@ -34,7 +34,7 @@ from eqsat.ir import Graph, Node
 from eqsat.measure import compare
 from eqsat.ops import OPS, VAR
 from eqsat.rule_sources import RuleSource
-from eqsat.saturate import Limits, saturate
+from eqsat.saturate import Saturation, saturate
 
 FORMAT = "eqsat-census"
 VERSION = 1
@@ -261,7 +261,7 @@ def _rivals(graph: Graph, classes: dict[str, Unit], rules: Sequence[RuleSource])
         alone.outputs.append(roots[key])
     if not roots:
         return {}
-    snapshot = saturate(alone, list(rules), Limits(iterations=3, seconds=5.0))
+    snapshot = saturate(alone, list(rules), Saturation(iterations=3, seconds=5.0))
     by_class: dict[str, list[timing.Wanted]] = {}
     for wanted in timing.wanted_nodes(snapshot):
         by_class.setdefault(wanted.eclass, []).append(wanted)

@@ -145,17 +145,17 @@ class Planner:
         snapshot: Snapshot | repeats.Repeated,
         prepared: bool,
         forbid: frozenset[str] = frozenset(),
-        seconds: float | None = None,
+        extract_seconds: float | None = None,
     ) -> Plan:
         """build_plan with this optimizer's target, extractor and budgets (a memory budget makes memory a cost).
-        seconds: the extractors' time, by default the limits' extract_seconds."""
+        extract_seconds: the extractors' time, by default the limits'."""
         options = self.options
-        seconds = options.limits.extract_seconds if seconds is None else seconds
+        extract_seconds = options.limits.extract_seconds if extract_seconds is None else extract_seconds
         if isinstance(snapshot, repeats.Repeated):  # each part alone, in a share of the time by its size; composed
             parts, pieces = snapshot.parts, repeats.snapshots(snapshot)
             total = sum(len(piece.nodes) for piece in pieces)
             glue, *blocks = (
-                self.extract(part, piece, prepared, forbid, seconds * len(piece.nodes) / total)
+                self.extract(part, piece, prepared, forbid, extract_seconds * len(piece.nodes) / total)
                 for part, piece in zip([parts.glue, *parts.blocks], pieces, strict=True)
             )
             # the original priced as the parts were: by the timing cache their measurements filled
@@ -163,7 +163,7 @@ class Planner:
         memory_weight = 1.0 if options.memory_budget is not None else 0.0
         limits = options.limits
         profile, timing = priced(options.profile, snapshot, limits.measure_seconds, limits.timing_transfer)
-        plan = build_plan(graph, snapshot, profile, prepared, options.extractor, seconds, forbid, memory_weight)
+        plan = build_plan(graph, snapshot, profile, prepared, options.extractor, extract_seconds, forbid, memory_weight)
         plan.stats.update(timing)
         return plan
 
@@ -171,10 +171,10 @@ class Planner:
         """The graph's e-graph; a graph of repeated layers in parts: its glue and one block per repeat."""
         found = repeats.find(graph)
         if not found:
-            return saturate(graph, rules, self.options.limits)
+            return saturate(graph, rules, self.options.limits.saturation)
         parts = repeats.split(graph, found)
-        blocks = [saturate(block, rules, self.options.limits) for block in parts.blocks]
-        return repeats.Repeated(parts, saturate(parts.glue, rules, self.options.limits), blocks)
+        blocks = [saturate(block, rules, self.options.limits.saturation) for block in parts.blocks]
+        return repeats.Repeated(parts, saturate(parts.glue, rules, self.options.limits.saturation), blocks)
 
     def nothing_to_gain(self, plan: Plan) -> bool:
         """The original program, node for node, or one that differs only in what XLA does itself or nearly as

@@ -9,13 +9,13 @@ from eqsat import guard
 from eqsat.extract import changes, provenance
 from eqsat.extract.cost import Cost, Profile, node_cost, value_bytes
 from eqsat.extract.dag import reachable
-from eqsat.extract.extractors import ExtractionReport, extract
+from eqsat.extract.extractors import EXTRACT_SECONDS, ExtractionReport, extract
 from eqsat.extract.timing import measurable
 from eqsat.extract.views import original_graph
 from eqsat.extract.widen import widen
 from eqsat.ir import Graph, Shape
 from eqsat.ops import OPAQUE, OPS, TCONS, TNIL, VAR, CostClass, infer
-from eqsat.saturate import ENode, Limits, Snapshot, StopReason
+from eqsat.saturate import ENode, Snapshot, StopReason
 
 if TYPE_CHECKING:
     from eqsat.backends.memory import MemoryReport
@@ -182,7 +182,7 @@ def build_plan(
     profile: Profile,
     prepared: bool = False,
     extractor: str = "auto",
-    time_limit: float = Limits.extract_seconds,
+    extract_seconds: float = EXTRACT_SECONDS,
     forbid: frozenset[str] = frozenset(),
     memory_weight: float = 0.0,
 ) -> Plan:
@@ -190,7 +190,7 @@ def build_plan(
 
     prepared: priced for `prepare`, which runs the nodes computed from parameters and constants alone once:
     they are then free (where parameters are declared). extractor: "greedy", "ilp" or "auto" (greedy, then the ILP
-    warm-started from it within time_limit seconds, keeping the cheaper). forbid: ops that may not appear
+    warm-started from it within extract_seconds, keeping the cheaper). forbid: ops that may not appear
     rewritten (auto-tuning's way to draw distinct candidates). memory_weight: each value's bytes priced again,
     this many times, as memory (under a memory budget).
     """
@@ -211,7 +211,7 @@ def build_plan(
     kept = set(_original_keys(graph, snapshot))
     bans = 0  # the shape rules agree with the lowerings (tests/test_shapes.py): expected to stay 0
     for _ in range(20):
-        choice, report = extract(nodes, costs, roots, method, time_limit, baseline, profile.min_gain)
+        choice, report = extract(nodes, costs, roots, method, extract_seconds, baseline, profile.min_gain)
         method = "greedy" if extractor == "auto" else extractor  # after a ban, the ILP has had its turn
         order = [choice[c] for c in reachable(nodes, choice, roots)]
         # nodes of the captured program are typed by jax already: only rewritten ones need checking

@@ -35,7 +35,7 @@ from jax import lax
 from eqsat.api import optimize
 from eqsat.buckets import Buckets
 from eqsat.errors import EqsatWarning
-from eqsat.saturate import Limits
+from eqsat.options import Limits
 from eqsat.tolerance import beyond_conditioning, comparable, less_accurate, mismatch
 from eqsat.tools.fuzz_cases import Case, case_arguments, case_function, draw_case
 
