@@ -9,11 +9,14 @@ with the total of the blocks before it (docs/kernel-gaps.md: 4-4.6x on a cumsum 
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+if TYPE_CHECKING:
+    from eqsat.ops import BlockedCumulativeAttrs, CumulativeAttrs
 
 # kind -> the lax cumulative op, the reduction it cumulates and how two partial results combine
 _SCANS: dict[str, Callable[..., Any]] = {
@@ -53,10 +56,9 @@ def _scan(kind: str) -> Callable[..., Any]:
     return _SCANS[kind]
 
 
-def cumulative(attrs: tuple, x: Any) -> Any:
+def cumulative(a: "CumulativeAttrs", x: Any) -> Any:
     """(Cumulative kind axis reverse x): the lax primitive of that kind along the axis, backwards if reverse."""
-    kind, axis, reverse = attrs
-    return _scan(kind)(x, axis, bool(reverse))
+    return _scan(a.kind)(x, a.axis, bool(a.reverse))
 
 
 def _unrolled(x: Any, axis: int, reverse: bool, combine: Callable[[Any, Any], Any]) -> Any:
@@ -73,12 +75,12 @@ def _unrolled(x: Any, axis: int, reverse: bool, combine: Callable[[Any, Any], An
     return lax.concatenate(running, axis)
 
 
-def blocked(attrs: tuple, x: Any) -> Any:
+def blocked(a: "BlockedCumulativeAttrs", x: Any) -> Any:
     """(CumulativeBlocked kind axis reverse block x): the same values, cumulated within blocks of `block` elements
     along the axis (unrolled), each block then combined with the total of the blocks before it (after it, if
     reverse). The axis is padded at its end to whole blocks with the kind's identity, which changes no output
     element before it."""
-    kind, axis, reverse, block = attrs
+    kind, axis, reverse, block = a.kind, a.axis, a.reverse, a.block
     scan = _scan(kind)
     if not 0 <= axis < x.ndim or block < 1:
         raise ValueError(f"CumulativeBlocked along axis {axis} of {x.shape} in blocks of {block}")

@@ -11,7 +11,7 @@ import numpy as np
 from jax import lax
 
 if TYPE_CHECKING:
-    from eqsat.ops import ConvAttrs, PoolAttrs
+    from eqsat.ops import ArgReduceAttrs, ConvAttrs, PoolAttrs
 
 Shape = tuple[int, ...]
 
@@ -198,11 +198,11 @@ def keep_in_range(attrs: tuple, x: Any, ids: Any) -> Any:
     return jnp.where((ids >= 0) & (ids < depth), x, jnp.zeros((), x.dtype))
 
 
-def masked_arg_reduce(attrs: tuple, x: Any) -> Any:
+def masked_arg_reduce(a: "ArgReduceAttrs", x: Any) -> Any:
     """The same index as the first position holding the max (min): a max, then a min of the positions equal to it,
     two fused reductions where XLA:CPU's one (value, index) reduction runs 6-10x slower (benches/RESULTS.md). A NaN
     is the extreme, as for lax.argmax: the max is then NaN, and the first NaN's position is taken."""
-    kind, axis, index_dtype = attrs
+    kind, axis, index_dtype = a.kind, a.axis, a.index_dtype
     extreme = (lax.reduce_max if kind == "max" else lax.reduce_min)(x, (axis,))
     hit = x == lax.broadcast_in_dim(extreme, x.shape, tuple(d for d in range(x.ndim) if d != axis))
     if jnp.issubdtype(x.dtype, jnp.inexact):

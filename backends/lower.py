@@ -21,7 +21,8 @@ def lower(
     """fn(*flat_args, *given_values) -> the values of `outputs` (default: the plan's results), then those of
     `watch` (what an overflow guard checks).
 
-    Nodes listed in `given` are read from the trailing arguments instead of computed (prepared weights);
+    Nodes listed in `given` are read from the trailing arguments instead of computed (the parameter-only values
+    `prepare` computed once, or an earlier memory segment's values);
     only the nodes the outputs need run, plus effectful ones when computing the plan's results.
     """
     graph = plan.graph
@@ -67,22 +68,24 @@ def _needed(plan: Plan, roots: list[int], given: set[int]) -> list[int]:
     return sorted(reachable(wanted, lambda i: [j for j in plan.nodes[i].inputs if j not in given]))
 
 
-def weight_boundary(plan: Plan) -> list[int]:
-    """Weight nodes that a non-weight node or a result reads: what `prepare` computes once and keeps."""
-    boundary = {i for i in plan.outputs if plan.nodes[i].weight}
+def parameter_only_boundary(plan: Plan) -> list[int]:
+    """Parameter-only nodes that a per-call node or a result reads: what `prepare` computes once and keeps."""
+    boundary = {i for i in plan.outputs if plan.nodes[i].parameter_only}
     for node in plan.nodes:
-        if not node.weight:
-            boundary.update(j for j in node.inputs if plan.nodes[j].weight)
+        if not node.parameter_only:
+            boundary.update(j for j in node.inputs if plan.nodes[j].parameter_only)
     return sorted(i for i in boundary if plan.nodes[i].op != VAR)  # Vars are at hand anyway
 
 
-def with_weights(plan: Plan, flat: list[Any], watch: Sequence[int] = ()) -> tuple[Callable[..., list[Any]], list[Any]]:
-    """The plan as fn(*flat, *weights) (returning the values of `watch` after its results, as `lower`) and its
-    weight-only values computed once on these arguments (none when no parameters were declared: then no node is
-    weight-only)."""
-    boundary = weight_boundary(plan)
-    weights = jax.jit(lower(plan, outputs=boundary))(*flat) if boundary else []
-    return lower(plan, given=boundary, watch=watch), weights
+def with_parameter_only_values(
+    plan: Plan, flat: list[Any], watch: Sequence[int] = ()
+) -> tuple[Callable[..., list[Any]], list[Any]]:
+    """The plan as fn(*flat, *parameter_only_values) (returning the values of `watch` after its results, as
+    `lower`) and its parameter-only values computed once on these arguments (none when no parameters were
+    declared: then no node is parameter-only)."""
+    boundary = parameter_only_boundary(plan)
+    parameter_only_values = jax.jit(lower(plan, outputs=boundary))(*flat) if boundary else []
+    return lower(plan, given=boundary, watch=watch), parameter_only_values
 
 
 def with_original_derivatives(

@@ -17,12 +17,12 @@ from benches.models.registry import MODELS
 from eqsat.capture import capture
 from eqsat.extract.cost import load_profile
 from eqsat.extract.dag import dag_cost
-from eqsat.extract.extractors import extract
+from eqsat.extract.extractors import EXTRACT_SECONDS, extract
 from eqsat.extract.greedy import greedy_dag
 from eqsat.extract.ilp import ilp_extract
 from eqsat.extract.plan import extraction_problem
 from eqsat.rule_sources import collect
-from eqsat.saturate import Limits, saturate
+from eqsat.saturate import Saturation, saturate
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,10 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, build in MODELS.items():
         work = build(args.scale)
         graph = capture(jax.make_jaxpr(work.fn)(*work.args))
-        snapshot = saturate(graph, rules, Limits())
+        snapshot = saturate(graph, rules, Saturation())
         costs, roots, baseline = extraction_problem(graph, snapshot, profile)
         # what optimize() does by default: "auto" within the default extraction budget
-        choice, report = extract(snapshot.nodes, costs, roots, "auto", Limits().extract_seconds, baseline, 0.0)
+        choice, report = extract(snapshot.nodes, costs, roots, "auto", EXTRACT_SECONDS, baseline, 0.0)
         chosen = dag_cost(snapshot.nodes, costs, choice, roots)
         _, ilp_cost, optimal = ilp_extract(snapshot.nodes, costs, roots, args.ilp_seconds, warm_start=choice)
         gap = f"{(chosen - ilp_cost) / ilp_cost * 100:6.2f} %" if optimal else "  (not proven)"

@@ -28,10 +28,10 @@ from eqsat.tools.versus import against_jit
 from eqsat.workload import Workload
 
 
-def measure(work: Workload, seconds: float, prepare: bool, target: str = "cpu") -> dict[str, Any]:
+def measure(work: Workload, seconds: float, prepared: bool, target: str = "cpu") -> dict[str, Any]:
     t0 = time.perf_counter()
     progress.begin("measure", f"optimize and measure against jax.jit ({seconds:g} s)")
-    timing, fast = against_jit(work, target, prepare, seconds)
+    timing, fast = against_jit(work, target, prepared, seconds)
     plan = fast.plan(*work.args)
     optimize_s = plan.stats["capture_s"] + plan.stats["saturate_s"] + plan.stats["extract_s"]
     return {
@@ -47,7 +47,7 @@ def measure(work: Workload, seconds: float, prepare: bool, target: str = "cpu") 
         "jit_ms": round(timing.baseline_s * 1e3, 3),
         "eqsat_ms": round(timing.candidate_s * 1e3, 3),
         "peak_bytes_before": xla_figure(work.fn, work.args)["total"],
-        # XLA's figure for the plan a direct call runs (with weights prepared, their work leaves the call)
+        # XLA's figure for the plan a direct call runs (with parameters prepared, their work leaves the call)
         "peak_bytes_after": fast.memory(*work.args).xla["total"],
         # where the time goes: the cost model's roofline time per op class, and the share of the measured time it
         # explains (1.0 would mean the program runs at the roofline)
@@ -56,7 +56,7 @@ def measure(work: Workload, seconds: float, prepare: bool, target: str = "cpu") 
         "rules_changed_plan": plan.rules_involved(),
         "rewritten_ops": plan.rewritten_ops(),
         "fallback": plan.fallback,
-        "prepared": bool(prepare and work.params_argnums),
+        "prepared": bool(prepared and work.params_argnums),
         "wall_s": round(time.perf_counter() - t0, 1),
     }
 
@@ -71,7 +71,7 @@ def _by_class(plan: eqsat.Plan) -> dict[str, float]:
 
 def _row(work: Workload, seconds: float, no_prepare: bool, target: str) -> dict[str, Any]:
     """Measure one model and print its line of the table."""
-    row = measure(work, seconds, prepare=not no_prepare, target=target)
+    row = measure(work, seconds, prepared=not no_prepare, target=target)
     print(
         f"{row['model']:<16} ops {row['ops']:5d}  e-nodes {row['enodes']:6d}  opt {row['optimize_s']:6.2f}s  "
         f"predicted {row['predicted_speedup']:5.2f}x  measured {row['measured_speedup']:5.2f}x "

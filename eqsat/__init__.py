@@ -21,7 +21,7 @@ _HOMES = {
     "EqsatError": "eqsat.errors",
     "RuleError": "eqsat.errors",
     "ShapeConflictError": "eqsat.errors",
-    "Limits": "eqsat.saturate",
+    "Limits": "eqsat.options",
     "Plan": "eqsat.extract.plan",
     "compare": "eqsat.extract.changes",
 }

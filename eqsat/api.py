@@ -19,9 +19,8 @@ from eqsat.backends.memory import BudgetReport, MemoryReport, memory_report
 from eqsat.buckets import Bucketed, Buckets
 from eqsat.dispatcher import Dispatcher
 from eqsat.extract.plan import Plan
-from eqsat.options import Options, checked, checked_option, resolve
+from eqsat.options import Limits, Options, checked, checked_option, resolve
 from eqsat.prepare import prepare
-from eqsat.saturate import Limits
 
 
 class Optimized:
@@ -80,7 +79,7 @@ class Optimized:
     def prepare(self, *params: Any) -> Callable[..., Any]:
         """A function of the remaining arguments, the parameters (params_argnums, in order) bound.
 
-        It computes the weight-only part of each plan once, as an inference engine does when it builds.
+        It computes the parameter-only part of each plan once, as an inference engine does when it builds.
         """
         return prepare(self._calls, params)
 
@@ -88,7 +87,7 @@ class Optimized:
         """The plan for arguments of these shapes and dtypes (built if needed).
 
         With parameters declared it is the plan `prepare` runs, unless prepared=False: then the plan a direct
-        call runs, which prices weight-only work as the per-call work it is."""
+        call runs, which prices parameter-only work as the per-call work it is."""
         _, signature = self._calls.signature(args, kwargs)
         return self._calls.entry(signature, bool(self.options.params_argnums) if prepared is None else prepared).plan
 
@@ -133,7 +132,8 @@ def optimize(
 
     target: a device profile ("cpu", "a100", "h100", "h200", "tpu-v5e"); the plan runs wherever JAX runs.
     rules: extra rule files (paths) or egglog text; disabled_rules: built-in groups to switch off by name.
-    params_argnums: the weights, fixed across calls (work on them alone is free; `fast.prepare` does it once).
+    params_argnums: the parameters (weights), fixed across calls (work on them alone is free; `fast.prepare`
+    does it once).
     validate: compare each signature's first call with the original and fall back to it, warning, on a mismatch.
     limits: `eqsat.Limits`. extractor: "greedy", "ilp" or "auto". autotune: measure this many candidate plans.
     memory_budget: bytes, a term of the extraction cost. cache_size: how many signatures' plans are kept.

@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from eqsat.backends.lower import with_weights
+from eqsat.backends.lower import with_parameter_only_values
 from eqsat.extract.plan import Plan
 from eqsat.measure import median_time
 
@@ -31,8 +31,8 @@ def autotune(
     ranked = sorted(found.values(), key=lambda c: c[1].predicted.seconds)[:candidates]
     rows = [("original (jax.jit)", None, best.original.seconds, median_time(original, flat, seconds))]
     for label, plan in ranked:
-        body, weights = with_weights(plan, flat)
-        rows.append((label, plan, plan.predicted.seconds, median_time(jax.jit(body), (*flat, *weights), seconds)))
+        body, once = with_parameter_only_values(plan, flat)  # once: the parameter-only values
+        rows.append((label, plan, plan.predicted.seconds, median_time(jax.jit(body), (*flat, *once), seconds)))
     label, chosen, _, _ = min(rows, key=lambda r: r[3])
     chosen = chosen or best
     chosen.autotune = [

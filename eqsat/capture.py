@@ -160,7 +160,7 @@ def _broadcast_to(graph: Graph, node: int, shape: tuple[int, ...]) -> int:
     if src.shape == shape or src.shape == ():
         return node
     if src.op == ops.BCAST:
-        dims, node = src.attrs[1], src.inputs[0]
+        dims, node = ops.BcastAttrs(*src.attrs).dims, src.inputs[0]
     else:
         dims = tuple(range(len(shape)))
     return graph.add(Node(ops.BCAST, (node,), (tuple(map(int, shape)), tuple(map(int, dims))), tuple(shape), src.dtype))
@@ -305,7 +305,9 @@ def _one_hot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured |
     rank = len(expanded.shape)
     if call.primitive.name != "iota" or call.params["dimension"] != rank - 1 or len(call.params["shape"]) != rank:
         return None
-    if expanded.attrs[1] != tuple(range(rank - 1)) or tuple(call.params["shape"][:-1]) != (1,) * (rank - 1):
+    if ops.BcastAttrs(*expanded.attrs).dims != tuple(range(rank - 1)) or tuple(call.params["shape"][:-1]) != (1,) * (
+        rank - 1
+    ):
         return None
     ids = expanded.inputs[0]
     if graph.nodes[ids].shape != expanded.shape[:-1]:

@@ -34,7 +34,7 @@ from eqsat.ir import Graph, Node
 from eqsat.measure import compare
 from eqsat.ops import OPS, VAR
 from eqsat.rule_sources import RuleSource
-from eqsat.saturate import Limits, saturate
+from eqsat.saturate import Saturation, saturate
 
 FORMAT = "eqsat-census"
 VERSION = 1
@@ -261,7 +261,7 @@ def _rivals(graph: Graph, classes: dict[str, Unit], rules: Sequence[RuleSource])
         alone.outputs.append(roots[key])
     if not roots:
         return {}
-    snapshot = saturate(alone, list(rules), Limits(iterations=3, seconds=5.0))
+    snapshot = saturate(alone, list(rules), Saturation(iterations=3, seconds=5.0))
     by_class: dict[str, list[timing.Wanted]] = {}
     for wanted in timing.wanted_nodes(snapshot):
         by_class.setdefault(wanted.eclass, []).append(wanted)
@@ -284,14 +284,14 @@ def _plan_counts(plan: Plan) -> dict[str, int]:
 def take(
     plan: Plan,
     rules: Sequence[RuleSource],
-    budget: float,
+    measure_seconds: float,
     original: Callable[..., Any] | None = None,
     optimized: Callable[..., Any] | None = None,
     args: tuple = (),
     seconds: float = 2.0,
     name: str = "",
 ) -> Census:
-    """The census of the plan's original program: its kernels timed alone (new ones within `budget` seconds of
+    """The census of the plan's original program: its kernels timed alone (new ones within `measure_seconds` of
     measuring), and, where `original` and `optimized` are given, both timed end to end on `args`, interleaved, for
     `seconds` (0: not timed, nor compiled)."""
     graph = plan.graph
@@ -311,7 +311,9 @@ def take(
     order = sorted(first, key=lambda k: (not rivals.get(k), -counts[k] * roofline[k]))
     wanted = [w for key in order for w in (_wanted(graph, key, first[key]), *rivals.get(key, []))]
     start = time.perf_counter()
-    counted = timing.measure(cache, wanted, budget if here else 0.0, timer=functools.partial(_time, graph, first))
+    counted = timing.measure(
+        cache, wanted, measure_seconds if here else 0.0, timer=functools.partial(_time, graph, first)
+    )
     measure_s = time.perf_counter() - start
     with cache.lock:
         entries = dict(cache.entries)
@@ -421,15 +423,15 @@ def _wanted_roofline(wanted: timing.Wanted, node: Node, profile: Profile) -> flo
     return node_cost(wanted.op, list(wanted.in_shapes), node.shape, wanted.dtype, profile, wanted.attrs).seconds
 
 
-def profile(optimized: Any, args: tuple, budget: float | None = None, seconds: float = 2.0) -> Census:
+def profile(optimized: Any, args: tuple, measure_seconds: float | None = None, seconds: float = 2.0) -> Census:
     """The census of an optimized function (eqsat.optimize's result) at these arguments: its plan (built now if
     need be), every kernel timed alone, and the original and what eqsat runs timed end to end."""
     start = time.perf_counter()
     options = optimized.options
     plan = optimized.plan(*args, prepared=False)  # the plan a call runs (its guard may keep the original)
     original = jax.jit(optimized.fun, static_argnums=options.static_argnums)
-    budget = options.limits.measure_seconds if budget is None else budget
+    measure_seconds = options.limits.measure_seconds if measure_seconds is None else measure_seconds
     name = getattr(optimized.fun, "__name__", "")
-    census = take(plan, options.rules, budget, original, optimized, args, seconds, name)
+    census = take(plan, options.rules, measure_seconds, original, optimized, args, seconds, name)
     census.took_s = time.perf_counter() - start
     return census

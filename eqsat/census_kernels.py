@@ -34,7 +34,7 @@ class Unit:
 def units(graph: Graph) -> list[Unit]:
     """The program's kernels: each op that is not fused (a contraction, a gather, a pool, an opaque primitive) alone,
     and each group of elementwise ops joined by values that only they read (XLA's loop fusions; a value a kernel
-    also reads is written out, so the loop ends there). A reshape, broadcast or weight-only op feeding several
+    also reads is written out, so the loop ends there). A reshape, broadcast or parameter-only op feeding several
     loops is recomputed in each, as XLA does."""
     live = sorted(graph.live())
     consumers: dict[int, list[int]] = {i: [] for i in live}

@@ -113,7 +113,7 @@ class Dispatcher:
 
     def compared(self, entry: Entry, flat: list[Any]) -> None:
         """An entry `prepare` runs (eqsat/prepare.py), compared on flat now; it times the plan itself, as it runs it
-        (with its weights prepared)."""
+        (with its parameters prepared)."""
         if entry in self._unvalidated:
             self._unvalidated.remove(entry)
         self._validate(entry, flat, measure=False)

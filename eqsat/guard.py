@@ -54,16 +54,23 @@ def _decided(ratios: list[float]) -> bool:
 def measure(
     original: Callable[[], Any],
     optimized: Callable[[], Any],
-    seconds: float,
+    guard_seconds: float,
     warm: bool = False,
     predicted: float = 1.0,
 ) -> dict[str, Any]:
-    """Interleaved rounds of both calls until the sign test decides or about `seconds` pass (three rounds at
+    """Interleaved rounds of both calls until the sign test decides or about `guard_seconds` pass (three rounds at
     least): what the plan records (Plan.measured) and whether it is kept. `warm`: both have run on these
     arguments (validation ran them), so no call is spent compiling them; otherwise a first call of each does,
     before any round. `predicted`: the cost model's speed-up, which keeps an undecided plan that it calls clear."""
     result = compare(
-        original, optimized, (), seconds=seconds, round_seconds=seconds / 40, warm=warm, min_rounds=3, decided=_decided
+        original,
+        optimized,
+        (),
+        seconds=guard_seconds,
+        round_seconds=guard_seconds / 40,
+        warm=warm,
+        min_rounds=3,
+        decided=_decided,
     )
     rounds = list(zip(result.baseline_times, result.candidate_times, strict=True))
     return _judged(rounds, predicted, source="first call")

@@ -80,9 +80,10 @@ class Graph:
         """Each flat input's role and path, in order."""
         return [self.variable(self.nodes[i].attrs[0]) for i in self.inputs]
 
-    def weight_names(self) -> frozenset[str]:
-        """The Vars fixed across calls where parameters are declared (parameters and constants), else none: work
-        on them alone is what `prepare` runs once."""
+    def parameter_names(self) -> frozenset[str]:
+        """The Vars fixed across calls where parameters are declared (the parameters, and the constants, which
+        count as parameters here), else none: work on them alone (parameter-only work) is what `prepare` runs
+        once."""
         roles = {name: v.role for name, v in self.variables.items()}
         if Role.PARAMETER not in roles.values():
             return frozenset()

@@ -279,15 +279,61 @@ class PoolAttrs(NamedTuple):
     pad_high: Shape
 
 
-def _one_hot(attrs: tuple, ids: Any) -> Any:
-    depth, dtype = attrs
-    return jax.nn.one_hot(ids, depth, dtype=dtype)
+class BcastAttrs(NamedTuple):
+    """broadcast_in_dim's: the output's shape, and the output axis of each input axis."""
+
+    shape: Shape
+    dims: Shape
 
 
-def _arg_reduce(attrs: tuple, x: Any) -> Any:
+class PadAttrs(NamedTuple):
+    """Zero padding: the elements added before and after each axis."""
+
+    low: Shape
+    high: Shape
+
+
+class SliceAttrs(NamedTuple):
+    """A unit-stride slice of one axis: elements start..stop-1 of it."""
+
+    axis: int
+    start: int
+    stop: int
+
+
+class OneHotAttrs(NamedTuple):
+    depth: int  # the new last axis's length
+    dtype: str
+
+
+class ArgReduceAttrs(NamedTuple):
+    kind: str  # "max" or "min"
+    axis: int
+    index_dtype: str
+
+
+class CumulativeAttrs(NamedTuple):
+    kind: str  # "sum", "prod", "max", "min" or "logsumexp" (backends/cumulative.KINDS)
+    axis: int
+    reverse: int  # 1: backwards along the axis
+
+
+class BlockedCumulativeAttrs(NamedTuple):
+    """CumulativeBlocked's: a Cumulative's attributes and the length of its blocks."""
+
+    kind: str
+    axis: int
+    reverse: int
+    block: int
+
+
+def _one_hot(a: OneHotAttrs, ids: Any) -> Any:
+    return jax.nn.one_hot(ids, a.depth, dtype=a.dtype)
+
+
+def _arg_reduce(a: ArgReduceAttrs, x: Any) -> Any:
     """(ArgReduce kind axis index_dtype x): jnp.argmax / jnp.argmin along one axis (lax.argmax / lax.argmin)."""
-    kind, axis, index_dtype = attrs
-    return (lax.argmax if kind == "max" else lax.argmin)(x, axis, np.dtype(index_dtype))
+    return (lax.argmax if a.kind == "max" else lax.argmin)(x, a.axis, np.dtype(a.index_dtype))
 
 
 def _pool(fn: str) -> Callable[..., Any]:
@@ -363,14 +409,12 @@ def _reduce_params(params: dict[str, Any]) -> tuple | None:
     return (int(axes[0]),)
 
 
-def _zero_pad(attrs: tuple, a: Any) -> Any:
-    low, high = attrs
-    return lax.pad(a, lax.full((), 0, a.dtype), [(lo, hi, 0) for lo, hi in zip(low, high, strict=True)])
+def _zero_pad(a: PadAttrs, x: Any) -> Any:
+    return lax.pad(x, lax.full((), 0, x.dtype), [(lo, hi, 0) for lo, hi in zip(a.low, a.high, strict=True)])
 
 
-def _slice(attrs: tuple, a: Any) -> Any:
-    axis, start, stop = attrs
-    return lax.slice_in_dim(a, start, stop, axis=axis)
+def _slice(a: SliceAttrs, x: Any) -> Any:
+    return lax.slice_in_dim(x, a.start, a.stop, axis=a.axis)
 
 
 def _cumulative_examples(shape: Shape, blocks: tuple[int, ...] | None) -> list[tuple]:
@@ -486,6 +530,7 @@ OPS: dict[str, OpSpec] = {
             _one_hot,
             "one-hot",
             dtype_kind="one-hot",
+            attributes=OneHotAttrs,
         ),
         # (Take table ids): table rows by index, zeros out of range; rules/kernels.egg puts it beside one_hot @ table
         OpSpec(
@@ -555,6 +600,7 @@ OPS: dict[str, OpSpec] = {
                 dtype_kind="arg-reduce",
                 alternative=name.endswith("Masked"),
                 one_dtype=False,
+                attributes=ArgReduceAttrs,
             )
             for name, lower, primitives in (
                 (ARG_REDUCE, _arg_reduce, ("argmax", "argmin")),  # the kind from the primitive: eqsat/capture.py
@@ -567,11 +613,12 @@ OPS: dict[str, OpSpec] = {
             ("Shape", "Shape"),
             1,
             "elementwise",
-            lambda attrs, a: lax.broadcast_in_dim(a, tuple(attrs[0]), tuple(attrs[1])),
+            lambda a, x: lax.broadcast_in_dim(x, tuple(a.shape), tuple(a.dims)),
             "broadcast",
             ("broadcast_in_dim",),
             capture_params=_bcast_params,
             view=True,
+            attributes=BcastAttrs,
         ),
         _binary(ADD, lax.add, "add"),
         _binary("Sub", lax.sub, "sub"),
@@ -640,6 +687,7 @@ OPS: dict[str, OpSpec] = {
             "elementwise",
             _zero_pad,
             "pad",
+            attributes=PadAttrs,
         ),
         # (Reshape new_shape a); captured from reshape and squeeze (eqsat/capture.py)
         OpSpec(
@@ -705,6 +753,7 @@ OPS: dict[str, OpSpec] = {
             _slice,
             "slice",
             ("slice",),
+            attributes=SliceAttrs,
         ),
         # (Cumulative kind axis reverse x): lax.cumsum / cumprod / cummax / cummin / cumlogsumexp (kind "sum", "prod",
         # "max", "min", "logsumexp"), backwards where reverse is 1; (CumulativeBlocked kind axis reverse block x) the
@@ -720,6 +769,7 @@ OPS: dict[str, OpSpec] = {
                 primitives=() if blocked else tuple(cumulative.PRIMITIVES),  # the kind from the primitive: capture.py
                 example_attrs=partial(_cumulative_examples, blocks=(1, 2, 3) if blocked else None),
                 alternative=bool(blocked),
+                attributes=BlockedCumulativeAttrs if blocked else CumulativeAttrs,
             )
             for name, lower, blocked in (
                 (CUMULATIVE, cumulative.cumulative, 0),

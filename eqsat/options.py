@@ -15,14 +15,57 @@ from typing import Any
 import jax
 from jax._src import api_util  # jax.jit's own argnums resolution
 
-from eqsat import rule_sources
+from eqsat import guard, rule_sources
 from eqsat.backends.memory import MEMORY_OPTIMIZED
 from eqsat.background import ON_BY_DEFAULT
 from eqsat.extract.cost import Profile, load_profile
+from eqsat.extract.extractors import EXTRACT_SECONDS
 from eqsat.rule_sources import RuleSource
-from eqsat.saturate import Limits
+from eqsat.saturate import Saturation
 
 EXTRACTORS = ("greedy", "ilp", "auto")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The budgets of optimize(), each under the name it keeps down to the layer that spends it: saturation's
+    (iterations, nodes, seconds: when one stops it, the best plan so far is used and the plan says which),
+    extraction's (extract_seconds), the kernel timings' (measure_seconds, timing_transfer), validation's
+    (blame_seconds) and the guard's (guard_seconds)."""
+
+    iterations: int = Saturation.iterations
+    nodes: int = Saturation.nodes
+    seconds: float = Saturation.seconds
+    extract_seconds: float = EXTRACT_SECONDS  # the ILP's (and the sharing pass's) budget when extractor="auto" or "ilp"
+    # measuring kernels the timing cache lacks (extract/timing.py), per signature; 0 prices them by roofline alone
+    measure_seconds: float = 10.0
+    # a kernel measured at another shape within this factor of its roofline is priced from there, not measured
+    # again (extract/timing.py); 0 measures every new shape
+    timing_transfer: float = 4.0
+    blame_seconds: float = 20.0  # after a failed validation, the search for the rules the mismatch depends on
+    # after validation, timing the plan against the original (eqsat/guard.py); 0 keeps plans unmeasured
+    guard_seconds: float = field(default_factory=lambda: guard.DEFAULT_SECONDS)
+
+    def __post_init__(self) -> None:
+        """Counts are whole numbers, times and factors numbers, none negative: a wrong limit is refused here,
+        not found in the middle of planning (where eqsat's own failures fall back to the original)."""
+        for name, value in vars(self).items():
+            whole = name in ("iterations", "nodes")
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
+                kind = "a whole number" if whole else "a number"
+                raise TypeError(f"eqsat.Limits({name}={value!r}): {name} must be {kind}")
+            if not value >= 0:  # NaN too
+                raise ValueError(f"eqsat.Limits({name}={value!r}): {name} must be 0 or more")
+        if 0 < self.timing_transfer < 1:
+            raise ValueError(
+                f"eqsat.Limits(timing_transfer={self.timing_transfer!r}): a factor of 1 or more between the "
+                "rooflines of two shapes, or 0 to measure every shape"
+            )
+
+    @property
+    def saturation(self) -> Saturation:
+        """Saturation's budgets, what eqsat.saturate receives."""
+        return Saturation(self.iterations, self.nodes, self.seconds)
 
 
 @dataclass(frozen=True)

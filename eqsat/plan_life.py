@@ -119,7 +119,7 @@ class Entry:
     original: Callable[..., list[Any]]  # the original, jitted, as the reference and the fallback
     out_tree: Any
     runs: Callable[..., list[Any]] | None = None  # flat args -> flat results: the plan's program
-    prepared: bool = False  # extracted for `prepare`: weight-only work priced as done once
+    prepared: bool = False  # extracted for `prepare`: parameter-only work priced as done once
     # the original compiled for validation in the background while the caller's jax.jit compiles the plan
     reference: Future | None = None
     key: str | None = None  # where the plan is kept across processes (eqsat/plan_store.py)

@@ -41,7 +41,7 @@ from eqsat.saturate import Snapshot
 log = logging.getLogger("eqsat")
 
 FORMAT = "eqsat-plan-store"
-VERSION = 2  # 2: a digest of the content, checked on load
+VERSION = 3  # 2: a digest of the content, checked on load; 3: plan format 3 (parameter_only, parameter)
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # a function's address in a printed parameter differs per process
 
 

@@ -145,17 +145,17 @@ class Planner:
         snapshot: Snapshot | repeats.Repeated,
         prepared: bool,
         forbid: frozenset[str] = frozenset(),
-        seconds: float | None = None,
+        extract_seconds: float | None = None,
     ) -> Plan:
         """build_plan with this optimizer's target, extractor and budgets (a memory budget makes memory a cost).
-        seconds: the extractors' time, by default the limits' extract_seconds."""
+        extract_seconds: the extractors' time, by default the limits'."""
         options = self.options
-        seconds = options.limits.extract_seconds if seconds is None else seconds
+        extract_seconds = options.limits.extract_seconds if extract_seconds is None else extract_seconds
         if isinstance(snapshot, repeats.Repeated):  # each part alone, in a share of the time by its size; composed
             parts, pieces = snapshot.parts, repeats.snapshots(snapshot)
             total = sum(len(piece.nodes) for piece in pieces)
             glue, *blocks = (
-                self.extract(part, piece, prepared, forbid, seconds * len(piece.nodes) / total)
+                self.extract(part, piece, prepared, forbid, extract_seconds * len(piece.nodes) / total)
                 for part, piece in zip([parts.glue, *parts.blocks], pieces, strict=True)
             )
             # the original priced as the parts were: by the timing cache their measurements filled
@@ -163,7 +163,7 @@ class Planner:
         memory_weight = 1.0 if options.memory_budget is not None else 0.0
         limits = options.limits
         profile, timing = priced(options.profile, snapshot, limits.measure_seconds, limits.timing_transfer)
-        plan = build_plan(graph, snapshot, profile, prepared, options.extractor, seconds, forbid, memory_weight)
+        plan = build_plan(graph, snapshot, profile, prepared, options.extractor, extract_seconds, forbid, memory_weight)
         plan.stats.update(timing)
         return plan
 
@@ -171,17 +171,17 @@ class Planner:
         """The graph's e-graph; a graph of repeated layers in parts: its glue and one block per repeat."""
         found = repeats.find(graph)
         if not found:
-            return saturate(graph, rules, self.options.limits)
+            return saturate(graph, rules, self.options.limits.saturation)
         parts = repeats.split(graph, found)
-        blocks = [saturate(block, rules, self.options.limits) for block in parts.blocks]
-        return repeats.Repeated(parts, saturate(parts.glue, rules, self.options.limits), blocks)
+        blocks = [saturate(block, rules, self.options.limits.saturation) for block in parts.blocks]
+        return repeats.Repeated(parts, saturate(parts.glue, rules, self.options.limits.saturation), blocks)
 
     def nothing_to_gain(self, plan: Plan) -> bool:
         """The original program, node for node, or one that differs only in what XLA does itself or nearly as
-        well: duplicates shared, weight-only work hoisted, for a predicted gain below the profile's min_gain. The
-        original's own weight-only work (x @ W.T's transpose) counts as a gain when prepared: XLA:CPU runs a
+        well: duplicates shared, parameter-only work hoisted, for a predicted gain below the profile's min_gain. The
+        original's own parameter-only work (x @ W.T's transpose) counts as a gain when prepared: XLA:CPU runs a
         matrix-vector product with a transposed weight several times slower than with the weight transposed once."""
-        if plan.unchanged and not any(node.weight for node in plan.nodes):
+        if plan.unchanged and not any(node.parameter_only for node in plan.nodes):
             return True
         rewritten = plan.rewritten_ops() or plan.stats.get("bodies_rewritten")
         return not rewritten and plan.predicted.seconds > plan.original.seconds * (1 - self.options.profile.min_gain)
@@ -277,7 +277,7 @@ class Planner:
     def _plan_entry(self, signature: Signature, prepared: bool, key: str | None, done: Saturated) -> Entry:
         t2 = time.perf_counter()
         options = self.options
-        progress.begin("extract", f"extract ({options.extractor}{', weights prepared' if prepared else ''})")
+        progress.begin("extract", f"extract ({options.extractor}{', parameters prepared' if prepared else ''})")
         plan = self.extract(done.graph, done.snapshot, prepared)
         extract_s = time.perf_counter() - t2 - plan.stats.get("measure_s", 0.0)  # measuring is reported apart
         plan.stats.update(capture_s=done.capture_s, saturate_s=done.saturate_s, extract_s=extract_s)

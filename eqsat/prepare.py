@@ -1,4 +1,4 @@
-"""`fast.prepare(*params)`: the parameters bound, and the weight-only part of each signature's plan computed once,
+"""`fast.prepare(*params)`: the parameters bound, and the parameter-only part of each signature's plan computed once,
 as an inference engine does when it builds (optimize(..., params_argnums=...))."""
 
 import functools
@@ -9,7 +9,7 @@ import jax
 from jax._src import config
 
 from eqsat import validate
-from eqsat.backends.lower import overflow_guarded, with_weights
+from eqsat.backends.lower import overflow_guarded, with_parameter_only_values
 from eqsat.dispatcher import Dispatcher
 from eqsat.ir import Role
 from eqsat.jit_dispatch import inlined
@@ -38,10 +38,11 @@ def prepare(calls: Dispatcher, params: tuple) -> Callable[..., Any]:
 def _signature_call(
     calls: Dispatcher, params: tuple, rest: tuple, params_flat: list[Any], settle: Callable[[Callable], None]
 ) -> Callable[..., Any]:
-    """Plan, validate and run the weight-only subgraph once, for one signature of the other arguments.
+    """Plan, validate and run the parameter-only subgraph once, for one signature of the other arguments.
 
     Returns call(other arguments, their leaves). An unchanged plan calls the original through jax.jit, exactly as
-    the caller would; otherwise the plan runs with the prepared weights, the leaves put in order at trace time.
+    the caller would; otherwise the plan runs with the parameter-only values computed once, the leaves put in
+    order at trace time.
     Where the guard was undecided, the call times both on live calls until it decides, then hands `settle` the
     call to make from then on."""
     params_argnums, options = calls.options.params_argnums, calls.options
@@ -55,28 +56,28 @@ def _signature_call(
 
     if entry.call is entry.original:
         return unchanged
-    is_param = [v.role is Role.PARAMETER for v in entry.plan.graph.input_variables()]
+    is_parameter = [v.role is Role.PARAMETER for v in entry.plan.graph.input_variables()]
 
     def ordered(params_flat: list[Any], rest_flat: list[Any]) -> list[Any]:
         p, r = iter(params_flat), iter(rest_flat)
-        return [next(p) if param else next(r) for param in is_param]
+        return [next(p) if parameter else next(r) for parameter in is_parameter]
 
     watch = calls.planner.overflow_watch(entry.plan)
-    body, weights = with_weights(entry.plan, flat, watch)
-    if watch:  # the original, the guard's fallback, takes no prepared weights
+    body, once = with_parameter_only_values(entry.plan, flat, watch)  # once: the parameter-only values
+    if watch:  # the original, the guard's fallback, takes no parameter-only values
         original_flat, n = inlined(entry.original), len(flat)
         body = overflow_guarded(body, lambda *args: original_flat(*args[:n]), len(watch))
-    run = jax.jit(lambda p, r, w: body(*ordered(p, r), *w))
-    leaves = [x for x, param in zip(flat, is_param, strict=True) if not param]
+    run = jax.jit(lambda p, r, o: body(*ordered(p, r), *o))
+    leaves = [x for x, parameter in zip(flat, is_parameter, strict=True) if not parameter]
     with entry.lock:  # timed once, by the first prepare of this signature
         if entry.state is State.VALIDATED and options.limits.guard_seconds <= 0:
             entry.move(Event.KEPT)
         elif entry.state is State.VALIDATED:
-            optimized, plain = lambda: run(params_flat, leaves, weights), lambda: entry.original(*flat)
+            optimized, plain = lambda: run(params_flat, leaves, once), lambda: entry.original(*flat)
             entry.apply(validate.timed(calls.planner, entry, optimized, plain))
 
     def planned(_rest: tuple, leaves: list[Any]) -> Any:
-        return jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, weights))
+        return jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, once))
 
     if not entry.undecided:
         return unchanged if entry.call is entry.original else planned

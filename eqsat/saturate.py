@@ -2,7 +2,7 @@
 
 egglog has no node or time limit inside an iteration, so we run one rewrite step at a time (analyses
 saturated first, one iteration at a time, rewrites under a persistent back-off scheduler) and check the limits
-between steps: no ruleset can hold saturation past Limits.seconds by more than one egglog step (and the final
+between steps: no ruleset can hold saturation past Saturation.seconds by more than one egglog step (and the final
 analysis of the last step's nodes, which gets a tenth of the limit).
 
 The prelude and the rules do not depend on the program: an e-graph with them declared (29 ms of the 50 ms that
@@ -12,7 +12,6 @@ taken off by `(pop)`.
 
 import contextlib
 import json
-import numbers
 import threading
 import time
 from collections import OrderedDict
@@ -22,7 +21,7 @@ from enum import StrEnum
 
 import egglog.bindings as egg
 
-from eqsat import guard, progress
+from eqsat import progress
 from eqsat.chains import CHAIN_RULE, FACTOR_RULE, alternatives
 from eqsat.encode import ANALYSIS, FACTS, encode, prelude
 from eqsat.errors import ShapeConflictError
@@ -32,37 +31,13 @@ from eqsat.rule_sources import RuleSource, describe
 
 
 @dataclass(frozen=True)
-class Limits:
-    """Bounds on saturation; when one stops it, the best plan so far is used and the plan says which."""
+class Saturation:
+    """Bounds on saturation (eqsat.Limits builds them from its fields of these names); when one stops it, the best
+    plan so far is used and the plan says which."""
 
     iterations: int = 12
     nodes: int = 50_000
     seconds: float = 10.0
-    extract_seconds: float = 0.5  # the ILP's (and the sharing pass's) budget when extractor="auto" or "ilp"
-    # measuring kernels the timing cache lacks (extract/timing.py), per signature; 0 prices them by roofline alone
-    measure_seconds: float = 10.0
-    # a kernel measured at another shape within this factor of its roofline is priced from there, not measured
-    # again (extract/timing.py); 0 measures every new shape
-    timing_transfer: float = 4.0
-    blame_seconds: float = 20.0  # after a failed validation, the search for the rules the mismatch depends on
-    # after validation, timing the plan against the original (eqsat/guard.py); 0 keeps plans unmeasured
-    guard_seconds: float = field(default_factory=lambda: guard.DEFAULT_SECONDS)
-
-    def __post_init__(self) -> None:
-        """Counts are whole numbers, times and factors numbers, none negative: a wrong limit is refused here,
-        not found in the middle of planning (where eqsat's own failures fall back to the original)."""
-        for name, value in vars(self).items():
-            whole = name in ("iterations", "nodes")
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
-                kind = "a whole number" if whole else "a number"
-                raise TypeError(f"eqsat.Limits({name}={value!r}): {name} must be {kind}")
-            if not value >= 0:  # NaN too
-                raise ValueError(f"eqsat.Limits({name}={value!r}): {name} must be 0 or more")
-        if 0 < self.timing_transfer < 1:
-            raise ValueError(
-                f"eqsat.Limits(timing_transfer={self.timing_transfer!r}): a factor of 1 or more between the "
-                "rooflines of two shapes, or 0 to measure every shape"
-            )
 
 
 @dataclass
@@ -79,9 +54,9 @@ class StopReason(StrEnum):
 
     SATURATED = "saturated"  # nothing left to rewrite
     BACK_OFF = "back-off"  # only rules the back-off scheduler banned (the explosive ones) had matches left
-    ITERATIONS = "iterations"  # Limits.iterations
-    NODES = "nodes"  # Limits.nodes
-    SECONDS = "seconds"  # Limits.seconds
+    ITERATIONS = "iterations"  # Saturation.iterations
+    NODES = "nodes"  # Saturation.nodes
+    SECONDS = "seconds"  # Saturation.seconds
     NOT_PLANNED = "not planned"  # no saturation: the original runs (Plan.fallback says why)
 
 
@@ -122,7 +97,7 @@ def _analyse(egraph: egg.EGraph, deadline: float, nodes: int) -> StopReason | No
     return None
 
 
-def saturate(graph: Graph, rules: list[RuleSource], limits: Limits) -> Snapshot:
+def saturate(graph: Graph, rules: list[RuleSource], limits: Saturation) -> Snapshot:
     start = time.perf_counter()
     # the whole-chain pass is a rewrite like the rules: where no step is allowed, none of it either
     with _program(graph, rules, whole_chains=limits.iterations > 0 and limits.seconds > 0) as built:
@@ -145,7 +120,9 @@ class _Conflict(Exception):
         self.error, self.iterations = error, iterations
 
 
-def _rewrite(egraph: egg.EGraph, limits: Limits, deadline: float, matches: dict[str, int]) -> tuple[StopReason, int]:
+def _rewrite(
+    egraph: egg.EGraph, limits: Saturation, deadline: float, matches: dict[str, int]
+) -> tuple[StopReason, int]:
     """Rewrite steps until a limit or saturation stops them, the analysis saturated before each; adds each rule's
     matches to `matches`. Returns why it stopped and after how many steps."""
     step = egraph.parse_program(_REWRITE)

@@ -10,5 +10,5 @@ class Workload:
     name: str
     fn: Callable[..., Any]
     args: tuple[Any, ...]
-    params_argnums: tuple[int, ...] = ()  # arguments that are weights, fixed across calls
+    params_argnums: tuple[int, ...] = ()  # arguments that are parameters (weights), fixed across calls
     note: str = ""

@@ -39,7 +39,7 @@ class Region:
     scope: str = ""  # the innermost name stack holding them all ("" at the top level)
     before: Counter[str] = field(default_factory=Counter)  # op -> count, only in the first program
     after: Counter[str] = field(default_factory=Counter)
-    before_s: float = 0.0  # predicted time of those nodes (weight-only work, done once when prepared, is free)
+    before_s: float = 0.0  # predicted time of those nodes (parameter-only work, done once when prepared, is free)
     after_s: float = 0.0
     sources: list[str] = field(default_factory=list)  # the source lines they came from, contractions' first
     rules: list[str] = field(default_factory=list)  # fired rules that build every op new here

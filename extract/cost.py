@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from eqsat.errors import EqsatWarning
-from eqsat.ops import CONV, OPS, CostClass, contraction_flops
+from eqsat.ops import CONV, OPS, CostClass, PoolAttrs, contraction_flops
 
 Shape = tuple[int, ...]
 log = logging.getLogger("eqsat")
@@ -248,7 +248,7 @@ def _gather(node: _Node, profile: Profile) -> Cost:
 def _window(node: _Node, profile: Profile) -> Cost:
     """A pool: one pass over its input and output, a compare or add per window element; or measured."""
     assert node.out_shape is not None
-    flops = float(prod(node.out_shape) * prod(node.attrs[0]))
+    flops = float(prod(node.out_shape) * prod(PoolAttrs(*node.attrs).window))
     return _pass_or_measured(node, profile, node.in_bytes + node.out_bytes, flops)
 
 

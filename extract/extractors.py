@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from eqsat.extract.dag import dag_cost, reachable
 from eqsat.extract.greedy import greedy_dag
 from eqsat.graph_walk import postorder
-from eqsat.saturate import ENode, Limits
+from eqsat.saturate import ENode
 
 METHODS = ("greedy", "ilp", "auto")
+EXTRACT_SECONDS = 0.5  # the default of eqsat.Limits.extract_seconds: the ILP's and the sharing pass's budget
 AUTO_ILP_MAX_NODES = 4000  # beyond this HiGHS rarely beats greedy within a second and overruns its time limit
 
 
@@ -110,7 +111,7 @@ def share(
     full: dict[str, int],
     roots: list[str],
     rounds: int = 3,
-    seconds: float = 0.5,
+    extract_seconds: float = EXTRACT_SECONDS,
     depth: int = 3,
 ) -> dict[str, int]:
     """Greedy's blind spot, patched: a new shared value (a merged GEMM) pays only when several e-classes switch to
@@ -120,8 +121,8 @@ def share(
     pay on their own. The widest switches are tried first: a merge of all n GEMMs before its parts.
 
     `full` is greedy's choice for every e-class (so a switched-to node's new children have choices). Stops after
-    `seconds`, keeping what it found."""
-    deadline = time.perf_counter() + seconds
+    `extract_seconds`, keeping what it found."""
+    deadline = time.perf_counter() + extract_seconds
     readers = _cheapest_readers(nodes, costs)
     dag = _Dag(nodes, costs, dict(full), roots)
     for _ in range(rounds):
@@ -210,13 +211,13 @@ def extract(
     costs: list[float],
     roots: list[str],
     method: str = "auto",
-    time_limit: float = Limits.extract_seconds,
+    extract_seconds: float = EXTRACT_SECONDS,
     baseline: dict[str, int] | None = None,
     min_gain: float = 0.0,
 ) -> tuple[dict[str, int], ExtractionReport]:
     """The chosen node per e-class reachable from the roots, and a report: the method whose choice it is, each
     method's DAG cost and time, and whether the ILP proved its choice optimal. "auto" runs greedy and then the ILP,
-    warm-started with greedy's choice and bounded by time_limit seconds, and keeps the cheaper. A baseline choice
+    warm-started with greedy's choice and bounded by extract_seconds, and keeps the cheaper. A baseline choice
     (the original program) is kept when no extractor beats it: greedy can do worse than the program it started
     from, since it judges each e-class alone."""
     if method not in METHODS:
@@ -230,7 +231,7 @@ def extract(
         if missing:  # greedy extracts every class that has an acyclic finite choice, so none exists
             raise ValueError(f"no finite acyclic choice exists for e-classes {missing}")
         report.greedy_cost = dag_cost(nodes, costs, everything, roots)
-        shared = share(nodes, costs, everything, roots, seconds=time_limit)
+        shared = share(nodes, costs, everything, roots, extract_seconds=extract_seconds)
         choice = {c: shared[c] for c in reachable(nodes, shared, roots)}
         report.greedy_s = time.perf_counter() - start
         report.shared_cost = dag_cost(nodes, costs, choice, roots)
@@ -239,7 +240,7 @@ def extract(
         from eqsat.extract.ilp import ilp_extract  # only here: it imports scipy (0.5 s)
 
         start = time.perf_counter()
-        ilp_choice, ilp_cost, report.optimal = ilp_extract(nodes, costs, roots, time_limit, warm_start=choice)
+        ilp_choice, ilp_cost, report.optimal = ilp_extract(nodes, costs, roots, extract_seconds, warm_start=choice)
         report.ilp_s = time.perf_counter() - start
         report.ilp_cost = ilp_cost
         if choice is None or ilp_cost < report.shared_cost:

@@ -17,18 +17,18 @@ from scipy.sparse import coo_array
 
 from eqsat import graph_walk
 from eqsat.extract.dag import dag_cost, reachable
-from eqsat.saturate import ENode, Limits
+from eqsat.saturate import ENode
 
 
 def ilp_extract(
     nodes: list[ENode],
     costs: list[float],
     roots: list[str],
-    time_limit: float = Limits.extract_seconds,
+    extract_seconds: float,
     warm_start: dict[str, int] | None = None,
 ) -> tuple[dict[str, int], float, bool]:
     """(choice, DAG cost, proven optimal). scipy's milp takes no initial solution, so a valid warm start bounds
-    the objective from above and is returned if the solver finds nothing cheaper within time_limit seconds."""
+    the objective from above and is returned if the solver finds nothing cheaper within extract_seconds."""
     candidates = _prune(nodes, costs, roots)
     if not candidates:  # nothing to extract (a function that returns nothing): the empty choice is optimal
         return {}, 0.0, True
@@ -38,7 +38,7 @@ def ilp_extract(
             warm_cost = dag_cost(nodes, costs, warm_start, roots)
         except ValueError:  # incomplete or cyclic: not a solution, so no bound either
             warm_cost = math.inf
-    result = _solve(nodes, costs, roots, candidates, warm_cost, time_limit)
+    result = _solve(nodes, costs, roots, candidates, warm_cost, extract_seconds)
     proven = result.status == 0
     if result.x is not None:
         picked: dict[str, int] = {}
@@ -51,7 +51,7 @@ def ilp_extract(
             return choice, cost, proven
     if warm_start is not None and math.isfinite(warm_cost):
         return {c: warm_start[c] for c in reachable(nodes, warm_start, roots)}, warm_cost, proven
-    raise RuntimeError(f"the ILP found no extraction within {time_limit} s: {result.message}")
+    raise RuntimeError(f"the ILP found no extraction within {extract_seconds} s: {result.message}")
 
 
 class _Rows:
@@ -79,7 +79,12 @@ class _Rows:
 
 
 def _solve(
-    nodes: list[ENode], costs: list[float], roots: list[str], candidates: list[int], warm_cost: float, time_limit: float
+    nodes: list[ENode],
+    costs: list[float],
+    roots: list[str],
+    candidates: list[int],
+    warm_cost: float,
+    extract_seconds: float,
 ) -> OptimizeResult:
     """The program over the candidates (x_n are its first len(candidates) variables) solved by HiGHS; a finite
     warm_cost bounds the objective from above."""
@@ -122,7 +127,7 @@ def _solve(
         integrality=integrality,
         bounds=Bounds(lb, ub),
         constraints=rows.constraint(len(objective)),
-        options={"time_limit": time_limit, "mip_rel_gap": 1e-6},
+        options={"time_limit": extract_seconds, "mip_rel_gap": 1e-6},
     )
 
 

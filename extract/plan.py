@@ -9,13 +9,13 @@ from eqsat import guard
 from eqsat.extract import changes, provenance
 from eqsat.extract.cost import Cost, Profile, node_cost, value_bytes
 from eqsat.extract.dag import reachable
-from eqsat.extract.extractors import ExtractionReport, extract
+from eqsat.extract.extractors import EXTRACT_SECONDS, ExtractionReport, extract
 from eqsat.extract.timing import measurable
 from eqsat.extract.views import original_graph
 from eqsat.extract.widen import widen
 from eqsat.ir import Graph, Shape
 from eqsat.ops import OPAQUE, OPS, TCONS, TNIL, VAR, CostClass, infer
-from eqsat.saturate import ENode, Limits, Snapshot, StopReason
+from eqsat.saturate import ENode, Snapshot, StopReason
 
 if TYPE_CHECKING:
     from eqsat.backends.memory import MemoryReport
@@ -33,11 +33,11 @@ class PlanNode:
     dtype: str | None
     cost: Cost
     rewritten: bool  # not a node of the original program
-    weight: bool = False  # computed from parameters and constants alone: runs once when prepared
+    parameter_only: bool = False  # computed from parameters and constants alone: runs once when prepared
     scopes: tuple[str, ...] = ()  # name stacks of the equations it came from (rewritten: of what it replaced)
     sources: tuple[str, ...] = ()  # their source lines, "file.py:42 (function)"
     path: str = ""  # an input's pytree path in the call: params.layers[0].wq
-    param: bool = False  # an input that is a declared parameter (params_argnums)
+    parameter: bool = False  # an input that is a declared parameter (params_argnums)
     wide: bool = False  # a narrow-float elementwise op computed in float32, rounded where read (extract/widen.py)
 
 
@@ -182,7 +182,7 @@ def build_plan(
     profile: Profile,
     prepared: bool = False,
     extractor: str = "auto",
-    time_limit: float = Limits.extract_seconds,
+    extract_seconds: float = EXTRACT_SECONDS,
     forbid: frozenset[str] = frozenset(),
     memory_weight: float = 0.0,
 ) -> Plan:
@@ -190,26 +190,28 @@ def build_plan(
 
     prepared: priced for `prepare`, which runs the nodes computed from parameters and constants alone once:
     they are then free (where parameters are declared). extractor: "greedy", "ilp" or "auto" (greedy, then the ILP
-    warm-started from it within time_limit seconds, keeping the cheaper). forbid: ops that may not appear
+    warm-started from it within extract_seconds, keeping the cheaper). forbid: ops that may not appear
     rewritten (auto-tuning's way to draw distinct candidates). memory_weight: each value's bytes priced again,
     this many times, as memory (under a memory budget).
     """
     nodes = snapshot.nodes
-    weights = graph.weight_names() if prepared else frozenset()
-    weight = _weight_nodes(snapshot, weights) if weights else [False] * len(nodes)
+    parameters = graph.parameter_names() if prepared else frozenset()
+    parameter_only = _parameter_only_nodes(snapshot, parameters) if parameters else [False] * len(nodes)
 
-    # a weight-only value bigger than its inputs (a broadcast bias) is kept once only when weight-only work
+    # a parameter-only value bigger than its inputs (a broadcast bias) is kept once only when parameter-only work
     # reads it; read per call, it is cheaper fused into its reader, so extraction does not price it as free
     def size(eclass: str) -> int:
         return value_bytes(snapshot.shape.get(eclass), snapshot.dtype.get(eclass))
 
-    free = [weight[i] and not _expands(size(n.eclass), [size(c) for c in n.children]) for i, n in enumerate(nodes)]
+    free = [
+        parameter_only[i] and not _expands(size(n.eclass), [size(c) for c in n.children]) for i, n in enumerate(nodes)
+    ]
     costs, roots, baseline = extraction_problem(graph, snapshot, profile, free, forbid, memory_weight)
     method = extractor
     kept = set(_original_keys(graph, snapshot))
     bans = 0  # the shape rules agree with the lowerings (tests/test_shapes.py): expected to stay 0
     for _ in range(20):
-        choice, report = extract(nodes, costs, roots, method, time_limit, baseline, profile.min_gain)
+        choice, report = extract(nodes, costs, roots, method, extract_seconds, baseline, profile.min_gain)
         method = "greedy" if extractor == "auto" else extractor  # after a ban, the ILP has had its turn
         order = [choice[c] for c in reachable(nodes, choice, roots)]
         # nodes of the captured program are typed by jax already: only rewritten ones need checking
@@ -221,7 +223,7 @@ def build_plan(
             costs[i] = math.inf
     else:
         raise RuntimeError("extraction kept choosing ill-typed nodes")
-    plan = _assemble(graph, snapshot, profile, weight, free, choice, order, kept)
+    plan = _assemble(graph, snapshot, profile, parameter_only, free, choice, order, kept)
     report.typecheck_bans = bans
     plan.extraction = report
     return plan
@@ -231,16 +233,17 @@ def extraction_problem(
     graph: Graph,
     snapshot: Snapshot,
     profile: Profile,
-    weight: list[bool] | None = None,
+    free: list[bool] | None = None,
     forbid: frozenset[str] = frozenset(),
     memory_weight: float = 0.0,
 ) -> tuple[list[float], list[str], dict[str, int]]:
-    """What an extractor solves: each e-node's cost (weight-only nodes free, forbidden rewrites infinite, the
-    bytes of its value priced memory_weight more times), the root e-classes, and the original program's choice."""
+    """What an extractor solves: each e-node's cost (the `free` ones, parameter-only, at 0, forbidden rewrites
+    infinite, the bytes of its value priced memory_weight more times), the root e-classes, and the original
+    program's choice."""
     nodes = snapshot.nodes
     costs = [math.inf if node.subsumed else _cost(node, snapshot, profile) for node in nodes]
-    if weight is not None:
-        costs = [0.0 if w and math.isfinite(c) else c for c, w in zip(costs, weight, strict=True)]
+    if free is not None:
+        costs = [0.0 if f and math.isfinite(c) else c for c, f in zip(costs, free, strict=True)]
     if memory_weight:
         for i, node in enumerate(nodes):
             if costs[i] and math.isfinite(costs[i]):
@@ -297,21 +300,21 @@ def _typechecks(node: ENode, snapshot: Snapshot) -> bool:
     )
 
 
-def _weight_nodes(snapshot: Snapshot, weights: frozenset[str]) -> list[bool]:
-    """Which e-nodes compute from the weight Vars alone (a fixpoint over the e-graph)."""
+def _parameter_only_nodes(snapshot: Snapshot, parameters: frozenset[str]) -> list[bool]:
+    """Which e-nodes compute from the parameter Vars alone (a fixpoint over the e-graph)."""
     nodes = snapshot.nodes
-    weight = [False] * len(nodes)
+    parameter_only = [False] * len(nodes)
     classes: set[str] = set()
     changed = True
     while changed:
         changed = False
         for i, node in enumerate(nodes):
-            if weight[i]:
+            if parameter_only[i]:
                 continue
-            if node.attrs[0] in weights if node.op == VAR else all(c in classes for c in node.children):
-                weight[i], changed = True, True
+            if node.attrs[0] in parameters if node.op == VAR else all(c in classes for c in node.children):
+                parameter_only[i], changed = True, True
                 classes.add(node.eclass)
-    return weight
+    return parameter_only
 
 
 def _expands(out_bytes: int, in_bytes: list[int]) -> bool:
@@ -324,14 +327,14 @@ def _assemble(
     graph: Graph,
     snapshot: Snapshot,
     profile: Profile,
-    weight: list[bool],
+    parameter_only: list[bool],
     free: list[bool],
     choice: dict[str, int],
     order: list[int],
     kept: set[tuple],
 ) -> Plan:
-    """The plan of the chosen nodes (kept: the original nodes' keys). A weight-only node that is not free (it
-    expands its inputs) is kept once only where weight-only work alone reads it; read per call, it is computed
+    """The plan of the chosen nodes (kept: the original nodes' keys). A parameter-only node that is not free (it
+    expands its inputs) is kept once only where parameter-only work alone reads it; read per call, it is computed
     per call at its full cost."""
     nodes = snapshot.nodes
     per_call_cost: dict[int, Cost] = {}  # plan node -> its cost if computed per call, for the expanding ones
@@ -351,21 +354,23 @@ def _assemble(
         inputs = lists[node.children[0]] if node.op == OPAQUE else tuple(index[c] for c in node.children)
         shape, dtype = snapshot.shape.get(node.eclass), snapshot.dtype.get(node.eclass)
         in_shapes = [plan_nodes[j].shape for j in inputs]
-        priced = node.op not in _STRUCTURAL and not (weight[i] and free[i])
+        priced = node.op not in _STRUCTURAL and not (parameter_only[i] and free[i])
         full = node_cost(node.op, in_shapes, shape, dtype, profile, node.attrs) if priced else Cost()
-        cost = Cost() if weight[i] else full
-        if weight[i] and not free[i]:
+        cost = Cost() if parameter_only[i] else full
+        if parameter_only[i] and not free[i]:
             per_call_cost[len(plan_nodes)] = full
         rewritten = _key(node) not in kept
-        plan_nodes.append(PlanNode(node.op, inputs, tuple(node.attrs), shape, dtype, cost, rewritten, weight[i]))
+        plan_nodes.append(
+            PlanNode(node.op, inputs, tuple(node.attrs), shape, dtype, cost, rewritten, parameter_only[i])
+        )
         members.append(originals.get((None, node.eclass) if rewritten else _key(node), []))
         index[node.eclass] = len(plan_nodes) - 1
     outputs = [index[snapshot.orig[i]] for i in graph.outputs]
     effects = [index[snapshot.orig[i]] for i in graph.effects]
     per_call_reads = set(outputs)
-    per_call_reads.update(j for n in plan_nodes if not n.weight for j in n.inputs)
+    per_call_reads.update(j for n in plan_nodes if not n.parameter_only for j in n.inputs)
     for j in per_call_reads & per_call_cost.keys():
-        plan_nodes[j] = dataclasses.replace(plan_nodes[j], weight=False, cost=per_call_cost[j])
+        plan_nodes[j] = dataclasses.replace(plan_nodes[j], parameter_only=False, cost=per_call_cost[j])
     provenance.attach(plan_nodes, members, graph)
     plan_nodes = widen(plan_nodes, [*outputs, *effects], profile)
     return _plan(graph, snapshot, profile, plan_nodes, outputs, effects, members)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def attach(nodes: "list[PlanNode]", members: list[list[int]], graph: Graph) -> None:
-    """Fill each plan node's scopes, sources, path and param in place; members[k]: the original graph nodes that
+    """Fill each plan node's scopes, sources, path and parameter in place; members[k]: the original graph nodes that
     plan node k stands for (its own node, or, rewritten, its e-class's original nodes)."""
     places = [_union(graph.where[i] for i in group if i in graph.where) for group in members]
     consumers: list[list[int]] = [[] for _ in nodes]
@@ -34,7 +34,7 @@ def attach(nodes: "list[PlanNode]", members: list[list[int]], graph: Graph) -> N
         node.sources = tuple(dict.fromkeys(w.source for w in places[k] if w.source))
         if node.op == VAR:
             variable = graph.variable(str(node.attrs[0]))
-            node.path, node.param = variable.path, variable.role is Role.PARAMETER
+            node.path, node.parameter = variable.path, variable.role is Role.PARAMETER
 
 
 def _union(places: Iterable[Where]) -> list[Where]:

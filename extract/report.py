@@ -24,8 +24,9 @@ from eqsat.ir import Graph, Node, Opaque, Role, Shape, Variable, Where
 from eqsat.ops import OPS
 
 FORMAT = "eqsat-plan"
-VERSION = 2
-READABLE = (1, 2)  # versions load_plan reads: fields a version lacks take their defaults
+VERSION = 3  # 3: a node's `weight` and `param` named `parameter_only` and `parameter`
+READABLE = (1, 2, 3)  # versions load_plan reads: fields a version lacks take their defaults
+_RENAMED = {"weight": "parameter_only", "param": "parameter"}  # node fields of versions 1 and 2, by their names now
 
 
 class PlanFormatError(ValueError):
@@ -67,12 +68,18 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
             + ", ".join(map(str, READABLE))
         )
     try:
-        plan = _fields_from_dict(Plan, data["plan"], _PLAN_DECODE)
+        plan = _fields_from_dict(Plan, _renamed(data["plan"]) if data["version"] < 3 else data["plan"], _PLAN_DECODE)
         if data.get("original") is not None:
             plan.saved_original = _graph_from_dict(data["original"])
-    except (KeyError, TypeError, ValueError) as error:
+    except (AttributeError, KeyError, TypeError, ValueError) as error:  # AttributeError: an old plan's node not a dict
         raise PlanFormatError(f"malformed eqsat plan: {type(error).__name__}: {error}") from None
     return plan
+
+
+def _renamed(plan: dict[str, Any]) -> dict[str, Any]:
+    """A plan of versions 1 and 2 with its nodes' fields as version 3 names them."""
+    nodes = [{_RENAMED.get(k, k): v for k, v in node.items()} for node in plan["nodes"]]
+    return {**plan, "nodes": nodes}
 
 
 def save_plan(plan: Plan, path: str | Path) -> Path:

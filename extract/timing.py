@@ -225,21 +225,24 @@ def time_alone(fn: Callable[..., Any], args: tuple) -> float | None:
 
 
 def measure(
-    cache: TimingCache, wanted: list[Wanted], budget: float, timer: Callable[[Wanted], float | None] | None = None
+    cache: TimingCache,
+    wanted: list[Wanted],
+    measure_seconds: float,
+    timer: Callable[[Wanted], float | None] | None = None,
 ) -> dict[str, int]:
-    """Measure the wanted nodes the cache lacks, in order, until `budget` seconds are spent; save the cache.
+    """Measure the wanted nodes the cache lacks, in order, until `measure_seconds` are spent; save the cache.
     `timer`: how one is measured (a kernel of the op table by default).
 
     Returns counts: hits (already cached), measured, skipped (over budget)."""
     missing = list({w.key: w for w in wanted if w.key not in cache.entries}.values())
     counts = {"hits": len({w.key for w in wanted}) - len(missing), "measured": 0, "skipped": 0}
-    if not missing or budget <= 0:
+    if not missing or measure_seconds <= 0:
         counts["skipped"] = len(missing)
         return counts
     start = time.perf_counter()
     progress.begin("measure", f"measure {len(missing)} kernels", total=len(missing))
     for k, item in enumerate(missing):
-        if time.perf_counter() - start >= budget:
+        if time.perf_counter() - start >= measure_seconds:
             counts["skipped"] = len(missing) - k
             break
         try:
@@ -280,15 +283,17 @@ def wanted_nodes(snapshot: Snapshot) -> list[Wanted]:
     return wanted
 
 
-def transferred(cache: TimingCache, wanted: list[Wanted], profile: Profile, within: float) -> dict[str, float | None]:
+def transferred(
+    cache: TimingCache, wanted: list[Wanted], profile: Profile, timing_transfer: float
+) -> dict[str, float | None]:
     """Prices for the wanted kernels the cache lacks, from the same kernel (op, attributes, dtype, input ranks)
     measured at shapes that differ in at most two dimensions in all (a batch size, a sequence length, an image's
-    height and width; not another layer's channels), the one whose roofline is nearest, if within `within` times
-    this one's: its seconds scaled by the rooflines' ratio. A kernel too fast to measure there passes that on only
-    to shapes no bigger. Where the rivals of one choice, so priced, come within _CLEAR of each other, none of them
-    is carried over: a close choice is measured."""
+    height and width; not another layer's channels), the one whose roofline is nearest, if within
+    `timing_transfer` times this one's: its seconds scaled by the rooflines' ratio. A kernel too fast to measure
+    there passes that on only to shapes no bigger. Where the rivals of one choice, so priced, come within _CLEAR
+    of each other, none of them is carried over: a close choice is measured."""
     missing = {w.key: w for w in wanted if w.key not in cache.entries}
-    if within < 1 or not missing:
+    if timing_transfer < 1 or not missing:
         return {}
     with cache.lock:
         entries = dict(cache.entries)
@@ -308,7 +313,7 @@ def transferred(cache: TimingCache, wanted: list[Wanted], profile: Profile, with
         there, shapes = min(rooflines, key=lambda rs: abs(math.log(here / rs[0])))
         ratio = here / there
         seconds = entries[node_key(w.op, w.attrs, list(shapes), w.dtype)]
-        if not 1 / within <= ratio <= within or (seconds is None and ratio > 1):
+        if not 1 / timing_transfer <= ratio <= timing_transfer or (seconds is None and ratio > 1):
             continue
         prices[w.key] = None if seconds is None else seconds * ratio
     for rivals in _by_class(wanted).values():  # a close choice is measured at this very shape
@@ -367,21 +372,21 @@ def _roofline(wanted: Wanted, in_shapes: tuple[Shape, ...], profile: Profile) ->
 
 
 def priced(
-    profile: Profile, snapshot: Snapshot, budget: float, transfer_within: float
+    profile: Profile, snapshot: Snapshot, measure_seconds: float, timing_transfer: float
 ) -> tuple[Profile, dict[str, float]]:
     """The profile with the timing cache of its device attached, after pricing what it lacks: from the nearest
-    measured shape where one is within `transfer_within` (see `transferred`), else by measuring (on this device
-    only, within `budget` seconds); and what happened, for the plan's stats."""
+    measured shape where one is within `timing_transfer` (see `transferred`), else by measuring (on this device
+    only, within `measure_seconds`); and what happened, for the plan's stats."""
     if not profile.timing_device:
         return profile, {}
     cache = cache_for(profile.timing_device)
     here = profile.timing_device == local_device()
     start = time.perf_counter()
     wanted = wanted_nodes(snapshot)
-    carried = transferred(cache, wanted, profile, transfer_within)
+    carried = transferred(cache, wanted, profile, timing_transfer)
     with cache.lock:
         cache.transfers.update(carried)
-    counts = measure(cache, [w for w in wanted if w.key not in carried], budget if here else 0.0)
+    counts = measure(cache, [w for w in wanted if w.key not in carried], measure_seconds if here else 0.0)
     counts["transferred"] = len(carried)
     stats = {f"timing_{k}": float(v) for k, v in counts.items()}
     if counts["measured"]:

@@ -26,7 +26,7 @@ class ViewNode:
     scopes: tuple[str, ...] = ()
     sources: tuple[str, ...] = ()
     path: str = ""  # an input's pytree path
-    param: bool = False
+    parameter: bool = False  # an input that is a declared parameter
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def plan_program(plan: "Plan") -> Program:
             scopes=n.scopes,
             sources=n.sources,
             path=n.path,
-            param=n.param,
+            parameter=n.parameter,
         )
         for n in plan.nodes
     ]
@@ -90,7 +90,7 @@ def original_program(plan: "Plan") -> Program:
                 scopes=(where.scope,) if where and where.scope else (),
                 sources=(where.source,) if where and where.source else (),
                 path=graph.variable(name).path,
-                param=graph.variable(name).role is Role.PARAMETER,
+                parameter=graph.variable(name).role is Role.PARAMETER,
             )
         )
     return Program(nodes, tuple(index[i] for i in graph.outputs))

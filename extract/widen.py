@@ -70,7 +70,7 @@ def _widenable(nodes: list["PlanNode"], node: "PlanNode", narrow: list[bool]) ->
     and float32 (in float32 it is the identity: a conversion up reads the unrounded value). A conversion down of a
     value computed from no narrow value at all is the program's own quantization (`x.astype(bfloat16)` of a float32
     input), which stays: `narrow`, per node, whether it is computed from a narrow value."""
-    if node.weight or node.op not in OPS or OPS[node.op].structural or not node.inputs:
+    if node.parameter_only or node.op not in OPS or OPS[node.op].structural or not node.inputs:
         return False
     floats = (*NARROW_FLOATS, WIDE)
     if not all(nodes[j].dtype in floats for j in node.inputs):

@@ -191,7 +191,7 @@ def test_prepare_computes_weights_once_and_matches():
     _close(prepared(x), x @ w1 + x @ w2)
     _close(prepared(x * 2), (x * 2) @ w1 + (x * 2) @ w2)
     plan = fast.plan(params, x)
-    assert any(n.weight and n.op == "Add" for n in plan.nodes)  # W1 + W2 is weight-only work
+    assert any(n.parameter_only and n.op == "Add" for n in plan.nodes)  # W1 + W2 is parameter-only work
     assert plan.predicted.flops < plan.original.flops
 
 
@@ -273,7 +273,7 @@ def test_rnn_input_projections_batched_over_steps_and_merged():
         work.fn, params_argnums=0, limits=eqsat.Limits(seconds=300, extract_seconds=120)
     )  # not cut short by load
     plan = fast.plan(params, xs)
-    dots = sorted(n.shape for n in plan.nodes if n.op == "Dot" and not n.weight)
+    dots = sorted(n.shape for n in plan.nodes if n.op == "Dot" and not n.parameter_only)
     assert dots == [(1, 128), (1, 128), (3, 1, 128)], dots
     _close(fast.prepare(params)(xs), work.fn(params, xs))
 
@@ -312,7 +312,7 @@ def test_dense_layers_grouped_with_bias_and_activation_then_merged():
 
 def test_batchnorm_after_a_biased_dense_layer_folds_into_weights_and_one_bias():
     """(x @ W + b) * scale + shift on h100 with parameters prepared: one Dense op whose weights (W * scale) and
-    bias (b * scale + shift) are weight-only, computed once; no per-call multiply is left."""
+    bias (b * scale + shift) are parameter-only, computed once; no per-call multiply is left."""
 
     def layer(p, x):
         return (x @ p["w"] + p["b"]) * p["scale"] + p["shift"]
@@ -323,7 +323,7 @@ def test_batchnorm_after_a_biased_dense_layer_folds_into_weights_and_one_bias():
     x = jax.random.normal(keys[4], (2048, 512))
     fast = eqsat.optimize(layer, target="h100", params_argnums=0)
     plan = fast.plan(p, x)
-    per_call = [n.op for n in plan.nodes if not n.weight and n.op not in ("Var",)]
+    per_call = [n.op for n in plan.nodes if not n.parameter_only and n.op not in ("Var",)]
     assert per_call == ["Dense"], per_call
     assert {"fold-scale-into-dense", "scale-through-bias", "merge-biases", "dense-bias"} <= set(plan.rules_fired)
     _close(fast.prepare(p)(x), layer(p, x))

@@ -154,4 +154,4 @@ def test_kernels_far_from_the_program_are_flagged_and_a_plan_without_program_is_
     assert "far from" not in str(near) and near.share(kernel) == pytest.approx(1.0)
     plan = eqsat.optimize(depthwise).plan(*_depthwise_args())
     with pytest.raises(ValueError, match="no census: the plan holds no program"):
-        census.take(dataclasses.replace(plan, graph=None), rules=(), budget=0)
+        census.take(dataclasses.replace(plan, graph=None), rules=(), measure_seconds=0)

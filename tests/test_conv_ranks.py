@@ -16,7 +16,7 @@ from eqsat.capture import capture
 from eqsat.egraph_check import evaluate
 from eqsat.ops import OPS, ConvAttrs, infer
 from eqsat.rule_sources import collect
-from eqsat.saturate import Limits, saturate
+from eqsat.saturate import Saturation, saturate
 
 RNG = np.random.default_rng(26)
 LAYOUTS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
@@ -88,7 +88,7 @@ def test_egglog_shapes_of_convs_and_pools_of_every_rank_agree_with_jax():
         return a, b, c, d, e, jax.grad(lambda w: jnp.sum(conv(x1, w, (2,), "SAME", 6) ** 2))(w1)
 
     graph = capture(jax.make_jaxpr(f)(x1, w1, x3, w3))
-    snapshot = saturate(graph, collect(), Limits(iterations=4, nodes=4000, seconds=20.0))
+    snapshot = saturate(graph, collect(), Saturation(iterations=4, nodes=4000, seconds=20.0))
     seen = set()
     for node in snapshot.nodes:
         if node.op not in (*CONVS, "PoolMax", "PoolSum", "PoolMaxSliced", "PoolSumSliced"):

@@ -13,7 +13,7 @@ from jax import lax
 import eqsat
 from eqsat.backends.cumulative import KINDS, blocked, cumulative
 from eqsat.capture import capture
-from eqsat.ops import infer
+from eqsat.ops import BlockedCumulativeAttrs, CumulativeAttrs, infer
 
 SCANS = {"sum": lax.cumsum, "prod": lax.cumprod, "max": lax.cummax, "min": lax.cummin, "logsumexp": lax.cumlogsumexp}
 
@@ -34,7 +34,7 @@ def _values(shape: tuple[int, ...], dtype: Any, kind: str, seed: int = 0) -> jax
 def test_blocked_computes_the_cumulative_op(kind: str, axis: int, reverse: int, block: int):
     x = _values((37, 5, 19), jnp.float32, kind)  # axes that blocks of 4 and 16 do not divide: padded
     want = SCANS[kind](x, axis, bool(reverse))
-    got = blocked((kind, axis, reverse, block), x)
+    got = blocked(BlockedCumulativeAttrs(kind, axis, reverse, block), x)
     assert got.shape == want.shape and got.dtype == want.dtype
     if kind in ("max", "min"):
         np.testing.assert_array_equal(got, want)  # max and min are associative in floating point
@@ -52,7 +52,7 @@ def test_integer_blocked_form_is_exact_even_where_it_wraps(kind: str, dtype: Any
     x = jnp.asarray(rng.integers(info.min, int(info.max) + 1, (3, 100)), dtype)
     for reverse in (0, 1):
         want = SCANS[kind](x, 1, bool(reverse))
-        np.testing.assert_array_equal(blocked((kind, 1, reverse, 16), x), want)
+        np.testing.assert_array_equal(blocked(BlockedCumulativeAttrs(kind, 1, reverse, 16), x), want)
 
 
 def test_nan_and_infinities_pass_through_as_in_lax():
@@ -60,7 +60,7 @@ def test_nan_and_infinities_pass_through_as_in_lax():
     for kind in ("max", "min", "sum"):
         for reverse in (0, 1):
             want = SCANS[kind](x, 0, bool(reverse))
-            np.testing.assert_array_equal(blocked((kind, 0, reverse, 4), x), want)
+            np.testing.assert_array_equal(blocked(BlockedCumulativeAttrs(kind, 0, reverse, 4), x), want)
 
 
 @pytest.mark.parametrize(
@@ -76,7 +76,7 @@ def test_nan_and_infinities_pass_through_as_in_lax():
 def test_captured_as_a_table_op(fn: Any, kind: str):
     graph = capture(jax.make_jaxpr(fn)(jnp.ones((4, 6), jnp.float32)))
     ops = [(node.op, node.attrs) for node in graph.nodes]
-    assert [attrs[0] for op, attrs in ops if op == "Cumulative"] == [kind]
+    assert [CumulativeAttrs(*attrs).kind for op, attrs in ops if op == "Cumulative"] == [kind]
     assert "Op" not in [op for op, _ in ops]
 
 
@@ -137,7 +137,10 @@ def test_gradients_through_the_blocked_form(decide_timings):
     fast_grad = _optimized_with_blocks(grad, (x,), decide_timings)
     plan = fast_grad.plan(x)
     assert plan.fallback is None
-    assert sorted(n.attrs[2] for n in plan.nodes if n.op == "CumulativeBlocked") == [0, 1]  # forward and backward
+    assert sorted(BlockedCumulativeAttrs(*n.attrs).reverse for n in plan.nodes if n.op == "CumulativeBlocked") == [
+        0,
+        1,
+    ]  # forward and backward
     np.testing.assert_allclose(fast_grad(x), jax.jit(grad)(x), rtol=1e-4, atol=1e-5)
     fast = eqsat.optimize(loss)
     assert any(n.op == "CumulativeBlocked" for n in fast.plan(x).nodes)
@@ -153,7 +156,10 @@ def test_a_short_axis_keeps_the_primitive():
 
 def test_an_unknown_kind_is_refused_where_it_is_lowered():
     x = jnp.ones((4, 70), jnp.float32)
-    for lower, attrs in ((cumulative, ("mean", 1, 0)), (blocked, ("mean", 1, 0, 32))):
+    for lower, attrs in (
+        (cumulative, CumulativeAttrs("mean", 1, 0)),
+        (blocked, BlockedCumulativeAttrs("mean", 1, 0, 32)),
+    ):
         with pytest.raises(ValueError, match="kind 'mean': the kinds are sum, prod"):
             lower(attrs, x)
     assert infer("CumulativeBlocked", ("mean", 1, 0, 32), (((4, 70), "float32"),)) is None

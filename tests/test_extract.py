@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eqsat.extract.dag import dag_cost, reachable
-from eqsat.extract.extractors import extract
+from eqsat.extract.extractors import EXTRACT_SECONDS, extract
 from eqsat.extract.greedy import greedy_dag
 from eqsat.extract.ilp import ilp_extract
 from eqsat.saturate import ENode
@@ -62,10 +62,10 @@ def test_ilp_is_optimal_and_greedy_valid(graph: tuple[list[ENode], list[float], 
     best = brute_force(nodes, costs, roots)
     if math.isinf(best):
         with pytest.raises(ValueError):
-            ilp_extract(nodes, costs, roots)
+            ilp_extract(nodes, costs, roots, EXTRACT_SECONDS)
         assert any(r not in greedy_dag(nodes, costs) for r in roots)
         return
-    choice, cost, proven = ilp_extract(nodes, costs, roots)
+    choice, cost, proven = ilp_extract(nodes, costs, roots, EXTRACT_SECONDS)
     assert proven
     assert cost == pytest.approx(best, abs=1e-9)
     assert dag_cost(nodes, costs, choice, roots) == pytest.approx(cost)
@@ -99,7 +99,7 @@ def test_greedy_misses_sharing_that_ilp_finds() -> None:
     nodes, costs, roots = sharing_trap()
     greedy = greedy_dag(nodes, costs)
     assert dag_cost(nodes, costs, greedy, roots) == 7.0
-    choice, cost, proven = ilp_extract(nodes, costs, roots, warm_start=greedy)
+    choice, cost, proven = ilp_extract(nodes, costs, roots, EXTRACT_SECONDS, warm_start=greedy)
     assert (cost, proven) == (6.5, True)
     assert choice == {"root": 0, "a": 2, "b": 4, "s": 5}
     _, report = extract(nodes, costs, roots)
@@ -110,7 +110,7 @@ def test_greedy_misses_sharing_that_ilp_finds() -> None:
 def test_ilp_falls_back_to_the_warm_start_when_out_of_time() -> None:
     nodes, costs, roots = sharing_trap()
     greedy = greedy_dag(nodes, costs)
-    choice, cost, proven = ilp_extract(nodes, costs, roots, time_limit=0.0, warm_start=greedy)
+    choice, cost, proven = ilp_extract(nodes, costs, roots, extract_seconds=0.0, warm_start=greedy)
     assert cost in (6.5, 7.0)  # the optimum if presolve alone finds it, else greedy's choice
     assert cost == 6.5 or not proven
     assert dag_cost(nodes, costs, choice, roots) == cost

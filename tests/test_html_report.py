@@ -179,7 +179,7 @@ def test_census_chart_is_drawn_in_view_in_chromium(bert_small_plans, tmp_path):
     """The census (every kernel class of the small BERT, given times here: the chart is checked, not the clock)
     drawn first in the report, one row per kernel class, inside the view."""
     plan = bert_small_plans["cpu"]
-    found = census.take(plan, rules=(), budget=0)
+    found = census.take(plan, rules=(), measure_seconds=0)
     found.kernels = [dataclasses.replace(k, measured_s=3 * k.roofline_s) for k in found.kernels]
     found.original_s = sum(k.total_s for k in found.kernels)
     page = html_report.to_html(plan, tmp_path / "census.html", census=found)

@@ -17,7 +17,7 @@ from eqsat.capture import capture
 from eqsat.ir import Graph
 from eqsat.ops import OPS, ConvAttrs, infer
 from eqsat.rule_sources import collect
-from eqsat.saturate import Limits, Snapshot, saturate
+from eqsat.saturate import Saturation, Snapshot, saturate
 
 RNG = np.random.default_rng(0)
 NHWC = ("NHWC", "HWIO", "NHWC")
@@ -89,7 +89,7 @@ def test_broadcast_batch_dot_agrees_with_batch_dot(a_shape: tuple, b_shape: tupl
 
 def _saturated(fn: Callable[..., Any], *args: Any) -> tuple[Graph, Snapshot]:
     graph = capture(jax.make_jaxpr(fn)(*args))
-    return graph, saturate(graph, collect(), Limits(iterations=4, nodes=2000, seconds=10.0))
+    return graph, saturate(graph, collect(), Saturation(iterations=4, nodes=2000, seconds=10.0))
 
 
 def test_egglog_shapes_agree_with_the_lowerings():

@@ -57,7 +57,7 @@ def test_rewritten_nodes_carry_the_union_of_what_they_replaced(merged):
 
 
 def test_inputs_carry_their_pytree_path_and_whether_they_are_parameters(merged):
-    inputs = {n.path: n.param for n in merged.nodes if n.op == "Var"}
+    inputs = {n.path: n.parameter for n in merged.nodes if n.op == "Var"}
     assert inputs == {"x": False, "params.a": True, "params.b": True}
 
 

@@ -118,7 +118,7 @@ def test_prepared_layers_keep_their_weight_sums_once():
     plan = fast.plan(params, X)
     assert plan.stats["repeated_layers"] == 5
     sums = [plan.nodes[plan.nodes[k].inputs[1]] for k in _distributed(plan)]
-    assert len(sums) == 5 and all(node.weight for node in sums)
+    assert len(sums) == 5 and all(node.parameter_only for node in sums)
 
 
 def test_a_gradient_of_repeated_layers_matches_jax_jit():

@@ -1,5 +1,5 @@
 """extract.report: plans saved as versioned JSON that loads back equal, with where every node came from; files of
-the previous format version still load."""
+the previous format versions still load."""
 
 import json
 from dataclasses import fields
@@ -46,7 +46,7 @@ def test_opaque_primitive_names_survive_saving(tmp_path):
 
 def test_version_is_written_and_checked(plans, tmp_path):
     data = json.loads(report.save_plan(plans["cpu"], tmp_path / "plan.json").read_text())
-    assert data["format"] == "eqsat-plan" and data["version"] == 2
+    assert data["format"] == "eqsat-plan" and data["version"] == 3
     with pytest.raises(report.PlanFormatError, match="version 99 is not supported"):
         report.plan_from_dict({**data, "version": 99})
     with pytest.raises(report.PlanFormatError, match="not an eqsat plan"):
@@ -66,7 +66,7 @@ def test_provenance_is_saved_and_loads_back(tmp_path):
     one = np.ones((4, 4), np.float32)
     plan = eqsat.optimize(f, params_argnums=0).plan({"w": one}, one)
     loaded = report.load_plan(report.save_plan(plan, tmp_path / "plan.json"))
-    assert loaded == plan  # scopes, sources, paths and params of every node are compared fields
+    assert loaded == plan  # scopes, sources, paths and parameters of every node are compared fields
     assert sorted(n.path for n in loaded.nodes if n.op == "Var") == ["params.w", "x"]
     assert any(n.scopes == ("block",) and n.sources for n in loaded.nodes)
     graph, original = report.original_graph(loaded), plan.graph
@@ -83,5 +83,17 @@ def test_a_file_of_the_previous_version_loads(tmp_path):
     assert plan.original_seconds == [] and report.original_graph(plan).where == {}
     (region,) = changes.diff_regions(plan)  # the diff still works: one region, at the top level
     assert region.name == changes.TOP_LEVEL and region.before["Dot"] == 2 and region.after["Dot"] == 1
-    again = report.load_plan(report.save_plan(plan, tmp_path / "v2.json"))  # saved again: as version 2
-    assert again == plan and json.loads((tmp_path / "v2.json").read_text())["version"] == 2
+    again = report.load_plan(report.save_plan(plan, tmp_path / "v3.json"))  # saved again: as version 3
+    assert again == plan and json.loads((tmp_path / "v3.json").read_text())["version"] == 3
+
+
+def test_a_version_2_file_loads_with_its_node_fields_renamed():
+    """Version 2 named a node's `parameter_only` and `parameter` fields `weight` and `param`."""
+    one = np.ones((4, 4), np.float32)
+    plan = eqsat.optimize(lambda p, x: x @ (p["a"] + p["b"]), params_argnums=0).plan({"a": one, "b": one}, one)
+    assert any(n.parameter_only for n in plan.nodes) and any(n.parameter for n in plan.nodes)
+    old = {"parameter_only": "weight", "parameter": "param"}
+    data = report.plan_to_dict(plan)
+    data["version"] = 2
+    data["plan"]["nodes"] = [{old.get(k, k): v for k, v in n.items()} for n in data["plan"]["nodes"]]
+    assert report.plan_from_dict(data) == plan

@@ -10,12 +10,12 @@ import eqsat
 from eqsat import saturate as saturation
 from eqsat.capture import capture
 from eqsat.rule_sources import RuleSource, collect
-from eqsat.saturate import Limits, Snapshot, saturate
+from eqsat.saturate import Saturation, Snapshot, saturate
 from eqsat.tools.generators import programs
 from eqsat.tools.program import Program
 
 RULES = collect()
-LIMITS = Limits(iterations=4, seconds=20)
+LIMITS = Saturation(iterations=4, seconds=20)
 
 
 def _graph(prog: Program):

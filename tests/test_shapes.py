@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from eqsat.capture import capture
 from eqsat.ir import Graph, Node
 from eqsat.ops import OPS, infer
-from eqsat.saturate import Limits, saturate
+from eqsat.saturate import Saturation, saturate
 from eqsat.tools.generators import programs
 from eqsat.tools.program import Program
 
@@ -47,7 +47,7 @@ def _egglog_shapes(cases: list[tuple[str, tuple, tuple]]) -> list[tuple | None]:
             graph.inputs.append(inputs[-1])
         nodes.append(graph.add(Node(op, tuple(inputs), attrs)))  # no shape given: the analysis derives it
     graph.outputs = nodes
-    snapshot = saturate(graph, [], Limits(iterations=1, seconds=60))
+    snapshot = saturate(graph, [], Saturation(iterations=1, seconds=60))
     return [snapshot.shape.get(snapshot.orig[i]) for i in nodes]
 
 

@@ -11,7 +11,7 @@ import pytest
 import eqsat
 from eqsat.capture import capture
 from eqsat.rule_sources import RuleSource, collect
-from eqsat.saturate import saturate
+from eqsat.saturate import Saturation, saturate
 
 NEVER_SATURATES = '(rule ((= e (Exp x))) ((union e (Exp (Neg (Neg x))))) :name "endless"{ruleset})'
 
@@ -21,7 +21,7 @@ def test_an_analysis_that_never_saturates_stops_at_the_limits():
     # rewrites are: saturated one iteration at a time, the limits checked between iterations
     graph = capture(jax.make_jaxpr(lambda x: jnp.exp(x) * 2.0)(jnp.ones(4)))
     endless = RuleSource("endless", "<endless>", NEVER_SATURATES.format(ruleset=" :ruleset analysis"))
-    for limits, reason in [(eqsat.Limits(seconds=0.5, nodes=10**7), "seconds"), (eqsat.Limits(nodes=2000), "nodes")]:
+    for limits, reason in [(Saturation(seconds=0.5, nodes=10**7), "seconds"), (Saturation(nodes=2000), "nodes")]:
         start = time.perf_counter()
         snapshot = saturate(graph, [*collect(), endless], limits)
         assert snapshot.stop_reason == reason

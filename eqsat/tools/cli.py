@@ -348,8 +348,8 @@ def _add_optimize_options(p: argparse.ArgumentParser, how: Any) -> None:
         type=int,
         nargs="+",
         metavar="N",
-        help="positional arguments that are weights, fixed across calls (e.g. 0 for --bench bert): work on them "
-        "alone, such as concatenating Q/K/V weights, is priced as free, as after fast.prepare(params)",
+        help="positional arguments that are parameters (weights), fixed across calls (e.g. 0 for --bench bert): work "
+        "on them alone, such as concatenating Q/K/V weights, is priced as free, as after fast.prepare(params)",
     )
     how.add_argument(
         "--rules", nargs="+", metavar="FILE", help="extra rule files (egglog), added to the built-in groups"

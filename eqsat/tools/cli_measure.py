@@ -85,7 +85,7 @@ def _profile(args: argparse.Namespace) -> int:
     work = workload(args)
     with progress.live_progress(None if args.progress else False):
         fast = eqsat.optimize(work.fn, target=args.target, background=False)
-        found = census.profile(fast, work.args, budget=args.budget, seconds=args.seconds)
+        found = census.profile(fast, work.args, measure_seconds=args.budget, seconds=args.seconds)
     found.name = work.name
     census.echo(found)
     if args.json:

@@ -5,8 +5,8 @@ The programs are those `rules check` draws (eqsat/tools/generators.py: one gener
 pattern, the kernel-selection alternatives, convolution gradients and pools included), over float32, bfloat16,
 float16 and int32, with their inputs packed as pytrees, their results as a dict or tuple, and the program placed
 in a scan, cond, fori_loop or remat body or left straight. Each is optimized with random options (target,
-extractor, weights declared) and run under one transformation: eagerly, under jit, vmap or grad, inside a scan
-body, with its weights prepared, as the gradient program optimize(jax.grad(loss)), or eagerly with the plan left
+extractor, parameters declared) and run under one transformation: eagerly, under jit, vmap or grad, inside a scan
+body, with its parameters prepared, as the gradient program optimize(jax.grad(loss)), or eagerly with the plan left
 to the background (eqsat/background.py) and the call after it is ready checked, or vmapped over rows through
 `Buckets` at batch sizes that are padded and one that is not (half the programs mixing rows, which must run
 unpadded); the first call is eager or
@@ -35,7 +35,7 @@ from jax import lax
 from eqsat.api import optimize
 from eqsat.buckets import Buckets
 from eqsat.errors import EqsatWarning
-from eqsat.saturate import Limits
+from eqsat.options import Limits
 from eqsat.tolerance import beyond_conditioning, comparable, less_accurate, mismatch
 from eqsat.tools.fuzz_cases import Case, case_arguments, case_function, draw_case
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from jax.lax import convert_element_type
 
 from eqsat.backends.cumulative import KINDS, cumulative
-from eqsat.ops import OPS, OpSpec
+from eqsat.ops import OPS, CumulativeAttrs, OpSpec
 from eqsat.tools.gen_algebra import ALGEBRA
 from eqsat.tools.gen_conv import CONV
 from eqsat.tools.gen_losses import LOSSES
@@ -24,7 +24,7 @@ def _gen_cumulative(draw: DrawFn, prog: Program) -> int:
     shape = [draw(st.integers(1, 3))] * 2
     shape[axis] = draw(st.sampled_from([64, 100, 128, 137]))
     x = prog.pick(draw, lambda s: s == tuple(shape), tuple(shape))
-    return prog.apply(f"cum{kind}[{axis}, {reverse}]", partial(cumulative, (kind, axis, reverse)), x)
+    return prog.apply(f"cum{kind}[{axis}, {reverse}]", partial(cumulative, CumulativeAttrs(kind, axis, reverse)), x)
 
 
 def _gen_convert(draw: DrawFn, prog: Program) -> int:

@@ -115,7 +115,7 @@ def _count(counts: Any, shown: int = 2) -> str:
 def _tip(i: int, node: ViewNode, changed: bool, kind: str) -> str:
     lines = [f"#{i} {label(node)}  {type_text(node)}"]
     if node.op == "Var" and node.path:
-        lines.append(f"input {node.attrs[0]}" + (", a parameter" if node.param else ""))
+        lines.append(f"input {node.attrs[0]}" + (", a parameter" if node.parameter else ""))
     if node.cost is not None:
         measured = "measured" if node.cost.measured else "predicted"
         lines.append(

@@ -22,10 +22,10 @@ def demo(args: argparse.Namespace) -> int:
             print(f"unknown example {name!r}; choose from {sorted(EXAMPLES)}", file=sys.stderr)
             return 2
         work = EXAMPLES[name](args.scale)
-        prepared = " (weights declared and prepared)" if work.params_argnums else ""
+        prepared = " (parameters declared and prepared)" if work.params_argnums else ""
         print(f"== {work.name}: {work.note}{prepared}")
         with live_progress(None if args.progress else False):
-            timing, fast = against_jit(work, args.target, prepare=True, seconds=args.seconds)
+            timing, fast = against_jit(work, args.target, prepared=True, seconds=args.seconds)
         print(fast.plan(*work.args).summary())
         print(f"  measured         {timing}")
         print(f"  (the ratio is jax.jit time / eqsat time, same process, interleaved; target {args.target})\n")

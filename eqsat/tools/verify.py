@@ -21,17 +21,17 @@ from eqsat.egraph_check import Disagreement, check_egraph
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
 from eqsat.rule_sources import RuleSource, builtin_groups, collect, keeping, real_rules, rule_names, rules_in
-from eqsat.saturate import Limits, Snapshot, saturate
+from eqsat.saturate import Saturation, Snapshot, saturate
 from eqsat.tools.generators import generators, pattern_programs, programs
 from eqsat.tools.program import Program
 
 # Small enough that one program saturates and evaluates in well under a second, large enough that rules
 # two or three rewrites away from the captured program get to fire.
-VERIFY_LIMITS = Limits(iterations=4, nodes=800, seconds=2.0)
+VERIFY_LIMITS = Saturation(iterations=4, nodes=800, seconds=2.0)
 
 
 def check_program(
-    prog: Program, sources: list[RuleSource], seed: int = 0, limits: Limits = VERIFY_LIMITS
+    prog: Program, sources: list[RuleSource], seed: int = 0, limits: Saturation = VERIFY_LIMITS
 ) -> tuple[list[Disagreement], Snapshot, Graph]:
     """Capture, saturate with `sources` and check every e-class on random normal inputs: with the rules sound in
     floating point alone, within their tight tolerance, then (if some rules are marked real) with every rule,
@@ -100,7 +100,7 @@ def _float_sound(sources: tuple[RuleSource, ...]) -> tuple[RuleSource, ...] | No
 def check_rules(
     sources: list[RuleSource],
     examples: int = 100,
-    limits: Limits = VERIFY_LIMITS,
+    limits: Saturation = VERIFY_LIMITS,
     max_steps: int = 4,
     leads: Sequence[str] | None = None,
 ) -> Report:
@@ -160,7 +160,7 @@ def check_rules(
 
 
 def _reproducing(
-    prog: Program, sources: list[RuleSource], seed: int, limits: Limits, fired: tuple[str, ...]
+    prog: Program, sources: list[RuleSource], seed: int, limits: Saturation, fired: tuple[str, ...]
 ) -> list[str]:
     """The rules among `fired` that make the program disagree on their own."""
     culprits = []

@@ -23,14 +23,14 @@ def settled(fast: eqsat.Optimized, args: tuple) -> eqsat.Plan:
 
 
 def against_jit(
-    work: Workload, target: str = "cpu", prepare: bool = True, seconds: float = 2.0
+    work: Workload, target: str = "cpu", prepared: bool = True, seconds: float = 2.0
 ) -> tuple[Comparison, eqsat.Optimized]:
     """The interleaved comparison, and the optimized function (its plans, memory, timings).
 
-    With `prepare` and parameters declared by the workload, eqsat's side is `fast.prepare(params)` (weight work
-    done once) and jax.jit's side the original called with the same parameters."""
+    With `prepared` and parameters declared by the workload, eqsat's side is `fast.prepare(params)` (parameter-only
+    work done once) and jax.jit's side the original called with the same parameters."""
     baseline = jax.jit(work.fn)
-    prepared = prepare and bool(work.params_argnums)
+    prepared = prepared and bool(work.params_argnums)
     fast = eqsat.optimize(work.fn, target=target, params_argnums=work.params_argnums if prepared else ())
     if not prepared:
         fast.plan(*work.args)  # built here: a first call alone leaves a slow plan to the background
