@@ -84,8 +84,10 @@ def less_accurate(
     """The first result the plan computes less accurately than the original, judged against the original
     evaluated in float64 on these inputs, which neither program's rounding blurs; None where every result that
     differs is about as accurate as the original's own (its largest error against the float64 reference within
-    ACCURACY_FACTOR of the original's, plus a few roundings of the result's scale). Where the program does not
-    run in float64 (an input it reads bit for bit), `unjudged`: what the caller found without the reference."""
+    ACCURACY_FACTOR of the original's, plus a few roundings of the result's scale, plus ACCURACY_FACTOR times what
+    float64's own rounding leaves undetermined at each element: the reference evaluated again with every
+    operation's result an ulp up). Where the program does not run in float64 (an input it reads bit for bit),
+    `unjudged`: what the caller found without the reference."""
     reference, blurred = _in_float64(original, flat), None
     for k, (want, have) in enumerate(zip(expected, got, strict=True)):
         problem = differs(k, want, have)
