@@ -226,10 +226,11 @@ def sliced_pool(fn: str) -> Callable[..., Any]:
 
     def lower(a: "PoolAttrs", x: Any) -> Any:
         xp = lax.pad(x, pool_init(fn, x.dtype), [(lo, hi, 0) for lo, hi in zip(a.pad_low, a.pad_high, strict=True)])
+        xp = xp if fn == "max" else accumulating(xp)  # a float16 sum of large terms overflows midway where f32 does not
         total = None
         for _, tap in window_taps(xp, a.window, a.strides):
             total = tap if total is None else (lax.max(total, tap) if fn == "max" else lax.add(total, tap))
-        return total
+        return total.astype(x.dtype)
 
     return lower
 
@@ -238,9 +239,9 @@ def broadcast_batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
     """A batched matmul of tiny matrices as a broadcast multiply and a sum over the contracted axis: one fused loop,
     where XLA:CPU runs one small GEMM per batch element."""
     n = a.ndim
-    left = lax.expand_dims(a, (n,))  # [B..., M, K, 1]
-    right = lax.expand_dims(b, (n - 2,))  # [B..., 1, K, N]
-    return lax.reduce_sum(lax.mul(left, right), (n - 1,))
+    left = lax.expand_dims(accumulating(a), (n,))  # [B..., M, K, 1]; bf16/f16 products and sums in f32, as the dot's
+    right = lax.expand_dims(accumulating(b), (n - 2,))  # [B..., 1, K, N]
+    return lax.reduce_sum(lax.mul(left, right), (n - 1,)).astype(jnp.result_type(a.dtype, b.dtype))
 
 
 def _phase_axis(p: int, s: int, low: int, n: int, k: int, out: int) -> tuple[slice, tuple[int, int, int], int, int]:

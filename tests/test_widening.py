@@ -74,3 +74,28 @@ def test_rounded_up_moves_every_operation_in_loop_and_checkpoint_bodies_too():
         (plain,) = widened(program, [x], F64)
         (up,) = widened(program, [x], F64, rounded_up=True)
     assert float(plain) == 0 and float(up) > 0  # every partial sum an ulp up: no longer exactly 3
+
+
+def test_bfloat16_inputs_and_loop_carries_are_widened():
+    # numpy does not count bfloat16 as floating: before, a bfloat16 program's "float64" reference ran in bfloat16
+    def program(x):
+        return [lax.fori_loop(0, 2, lambda i, c: c + x * x, jnp.zeros_like(x))]
+
+    x = jnp.asarray([1.0 + 2**-7, 3.0], jnp.bfloat16)  # x*x needs more bits than bfloat16's 8
+    with jax.enable_x64(True):
+        (y,) = widened(program, [x], F64)
+    assert y.dtype == np.float64
+    np.testing.assert_array_equal(y, 2 * np.asarray(x, np.float64) ** 2)
+
+
+def test_a_sum_that_can_overflow_midway_is_undetermined():
+    # fuzz seed 2037 cases 8427 (a bfloat16 dot whose products overflow: XLA's FMA chain keeps the first one's sign)
+    # and 9552 (a float16 window sum: -7984 from jax.jit at the top level, -inf from the same op in a while body)
+    big = jnp.asarray([[3e38, 2e38, -3e38]], jnp.float32)
+    window = lambda x: [lax.reduce_window(x, 0.0, lax.add, (3,), (3,), "VALID")]  # noqa: E731
+    with jax.enable_x64(True):
+        (dot,) = widened(lambda a: [a @ jnp.ones((3, 1), jnp.float32)], [big], F64)
+        (pooled,) = widened(window, [jnp.asarray([4e4, 4e4, -6e4, 1, 2, 3], jnp.float16)], F64)
+        dot, pooled = np.asarray(dot), np.asarray(pooled)
+    assert np.isnan(dot).all()  # 2e38 whatever the order in float64; inf or 2e38 in float32 by the order
+    assert np.isnan(pooled[0]) and pooled[1] == 6  # |terms| add up beyond float16's 65504 in the first window only
