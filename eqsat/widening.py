@@ -65,7 +65,9 @@ def _undetermined(eqn: core.JaxprEqn, inputs: list[Any], params: dict[str, Any],
     dtype = eqn.outvars[0].aval.dtype
     if eqn.primitive.name not in _SUMS or not _is_float(dtype):
         return outs
-    magnitude = eqn.primitive.bind(*[abs(x) if _is_float(getattr(x, "dtype", None)) else x for x in inputs], **params)
+    # an infinite term (log(0), or beyond even float64) decides the sum whatever the order: only finite ones count
+    finite = [jnp.where(jnp.isfinite(x), abs(x), 0) if _is_float(getattr(x, "dtype", None)) else x for x in inputs]
+    magnitude = eqn.primitive.bind(*finite, **params)
     return [jnp.where(magnitude > float(jnp.finfo(dtype).max), jnp.nan, outs[0])]
 
 

@@ -99,3 +99,12 @@ def test_a_sum_that_can_overflow_midway_is_undetermined():
         dot, pooled = np.asarray(dot), np.asarray(pooled)
     assert np.isnan(dot).all()  # 2e38 whatever the order in float64; inf or 2e38 in float32 by the order
     assert np.isnan(pooled[0]) and pooled[1] == 6  # |terms| add up beyond float16's 65504 in the first window only
+
+
+def test_a_sum_with_an_infinite_term_stays_determined():
+    # masked log-probabilities: the sum is -inf in any order, and a plan that gave a finite value there would be wrong
+    x = jnp.asarray([[-jnp.inf, 3e38, 1.0], [1.0, 2.0, 3.0]], jnp.float32)
+    with jax.enable_x64(True):
+        (total,) = widened(lambda x: [jnp.sum(x, axis=1)], [x], F64)
+        total = np.asarray(total)
+    np.testing.assert_array_equal(total, [-np.inf, 6.0])
