@@ -239,7 +239,7 @@ def broadcast_batch_dot(_attrs: tuple, a: Any, b: Any) -> Any:
     """A batched matmul of tiny matrices as a broadcast multiply and a sum over the contracted axis: one fused loop,
     where XLA:CPU runs one small GEMM per batch element."""
     n = a.ndim
-    left = lax.expand_dims(accumulating(a), (n,))  # [B..., M, K, 1]; bf16/f16 products and sums in f32, as the dot's
+    left = lax.expand_dims(accumulating(a), (n,))  # [B..., M, K, 1]; bf16/f16 in f32, as XLA's dot
     right = lax.expand_dims(accumulating(b), (n - 2,))  # [B..., 1, K, N]
     return lax.reduce_sum(lax.mul(left, right), (n - 1,)).astype(jnp.result_type(a.dtype, b.dtype))
 

@@ -76,8 +76,10 @@ def _undetermined_rounded_up(
 ) -> list[Any]:
     """_undetermined, then each float result times 1 + eps of its own type: rounded an ulp up."""
     outs = _undetermined(eqn, inputs, params, outs)
-    floats = [getattr(x, "dtype", None) is not None and jnp.issubdtype(x.dtype, jnp.floating) for x in outs]
-    return [x * jnp.asarray(1 + jnp.finfo(x.dtype).eps, x.dtype) if f else x for x, f in zip(outs, floats, strict=True)]
+    return [
+        x * jnp.asarray(1 + jnp.finfo(x.dtype).eps, x.dtype) if _is_float(getattr(x, "dtype", None)) else x
+        for x in outs
+    ]
 
 
 def _is_float(dtype: Any) -> bool:

@@ -81,7 +81,7 @@ def test_a_result_more_accurate_than_jax_jits_is_no_mismatch() -> None:
 def test_sums_that_overflow_midway_at_extreme_magnitudes_are_no_mismatch(index: int) -> None:
     """Seed 2037: case 8427 (bfloat16 dense layers in a fori body, inputs scaled to 1e30: the products overflow and
     XLA's order picks the sign) and 9552 (five float16 sum pools, scaled 7,129: the guard's fallback runs the same
-    reduce_window in a while body, where XLA sums it in float16 and overflows; at the top level it gave -7984). The
+    reduce_window in a while body, where XLA orders the sum otherwise and overflows; at the top level -7984). The
     float64 reference now leaves such sums undetermined, and bfloat16 programs are really widened."""
     outcome = fuzz.run_case(fuzz_cases.draw_case(2037, index))
     assert outcome.status == "ok", outcome.detail
