@@ -32,7 +32,7 @@ from eqsat.ir import Graph, Opaque
 from eqsat.ops import GET, OPAQUE
 from eqsat.options import Options
 from eqsat.plan_life import Entry, Event
-from eqsat.rule_sources import RuleSource, real_rules
+from eqsat.rule_sources import REAL_MARK, RuleSource, real_rules
 from eqsat.saturate import Snapshot, StopReason, saturate
 from eqsat.sharding import body_tracing
 from eqsat.signature import Signature, examples, flat_function, inputs_of, signature_of
@@ -202,8 +202,10 @@ class Planner:
         """The plan nodes an overflow guard checks (backends/lower.py overflow_guarded), the @real rules behind
         it recorded as plan.overflow_guard: where rules marked `; @real` fired, the rewritten values the rest of
         the program reads (Plan.rewritten_frontier), since a re-association or distributivity may overflow
-        where the original does not; and the results of opaque calls whose bodies were re-planned with such
-        rules (checked here, outside the body: a check inside a shard_map body would differ between shards).
+        where the original does not (a `; @rounding` rule, a sum's terms in another order, cannot: its partial
+        sums overflow only where the terms' magnitudes do, which validation leaves undetermined); and the results
+        of opaque calls whose bodies were re-planned with such rules (checked here, outside the body: a check
+        inside a shard_map body would differ between shards).
         Which fired rules the extracted program used is not recorded, so every one that fired counts. Values of
         integer types are not watched: they cannot overflow to inf."""
         real = sorted(set(plan.rules_fired) & self._real_rules)
@@ -223,7 +225,7 @@ class Planner:
 
     @functools.cached_property
     def _real_rules(self) -> frozenset[str]:
-        return real_rules(list(self.options.rules))
+        return real_rules(list(self.options.rules), (REAL_MARK,))
 
     def original_entry(
         self, signature: Signature, call: Callable[..., Any], out_tree: Any, why: str, job: Future | None = None

@@ -67,17 +67,19 @@ def _user_source(item: str | Path, index: int) -> RuleSource:
     return RuleSource(label, label, item)
 
 
-REAL_MARK = "; @real"  # a comment line right above a rule: it holds for real numbers, not in floating point
+# Comment lines right above a rule that say it holds for real numbers, not in floating point:
+REAL_MARK = "; @real"  # its new intermediates may overflow or underflow where the original's do not (guarded)
+ROUNDING_MARK = "; @rounding"  # the same terms in another order, or a form in range wherever the original is
 
 
 @dataclass(frozen=True)
 class Rule:
     """One rule of a source: the names saturation reports its matches under ("=>" / "<=" for a birewrite's two
-    directions; egglog's text of the rule where it has no :name), whether the line above it is the REAL_MARK,
-    and where it stands in the source's text (byte offsets)."""
+    directions; egglog's text of the rule where it has no :name), the mark on the line above it (REAL_MARK,
+    ROUNDING_MARK or none), and where it stands in the source's text (byte offsets)."""
 
     names: tuple[str, ...]
-    real: bool
+    mark: str
     start: int
     stop: int
     line: int = 0
@@ -100,7 +102,8 @@ def rules_in(src: RuleSource) -> list[Rule]:
         before = raw[: inner.span.i].decode()
         above = before.rstrip().rsplit("\n", 1)[-1].strip()
         line = before.count("\n") + 1
-        out.append(Rule(names, above.startswith(REAL_MARK), inner.span.i, inner.span.j, line, command))
+        mark = next((m for m in (REAL_MARK, ROUNDING_MARK) if above.startswith(m)), "")
+        out.append(Rule(names, mark, inner.span.i, inner.span.j, line, command))
     return out
 
 
@@ -221,10 +224,12 @@ def rule_names(src: RuleSource) -> list[str]:
     return [name for rule in rules_in(src) for name in rule.names]
 
 
-def real_rules(sources: list[RuleSource]) -> frozenset[str]:
-    """The names of the rules marked `; @real` (re-association, distributivity, folding a scale into weights): they
-    hold for real numbers, and in floating point change rounding."""
-    return frozenset(name for src in sources for rule in rules_in(src) if rule.real for name in rule.names)
+def real_rules(sources: list[RuleSource], marks: tuple[str, ...] = (REAL_MARK, ROUNDING_MARK)) -> frozenset[str]:
+    """The names of the rules marked `; @real` (re-association, distributivity, folding a scale into weights) or
+    `; @rounding` (a sum's terms in another order): they hold for real numbers, and in floating point change
+    rounding. With marks=(REAL_MARK,): those whose new intermediates may leave the range, which the overflow guard
+    watches."""
+    return frozenset(name for src in sources for rule in rules_in(src) if rule.mark in marks for name in rule.names)
 
 
 _CHECKED: set[tuple[tuple[str, str], ...]] = set()  # rule sets that passed check_syntax in this process

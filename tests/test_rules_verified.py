@@ -8,7 +8,7 @@ from jax import lax
 
 from eqsat.__main__ import main
 from eqsat.ops import OPS
-from eqsat.rule_sources import RuleSource, collect, real_rules
+from eqsat.rule_sources import REAL_MARK, RuleSource, collect, real_rules
 from eqsat.tolerance import rule_tolerance
 from eqsat.tools.generators import GENERATORS, generators, programs
 from eqsat.tools.program import Program
@@ -37,7 +37,17 @@ def test_real_number_rules_are_marked_in_the_files():
     assert {"dot-assoc-right", "dot-factor-left", "conv-add-weights", "fold-scale-into-conv"} <= marked
     assert not {"add-comm", "shared-input-merge", "mt-mt", "concat-assoc=>", "dot-of-row-slice"} & marked
     src = RuleSource("mine", "<test>", "; @real: exp is not exact\n(rewrite (Exp (Add a b)) (Mul (Exp a) (Exp b)))")
-    assert real_rules([src]) == {"(rewrite (Exp (Add a b)) (Mul (Exp a) (Exp b)))"}
+    assert real_rules([src]) == real_rules([src], (REAL_MARK,)) == {"(rewrite (Exp (Add a b)) (Mul (Exp a) (Exp b)))"}
+
+
+def test_rules_that_only_sum_in_another_order_are_tolerated_and_not_guarded():
+    """`; @rounding` rules (the kernel alternatives, stable forms) change rounding like `; @real` ones, so `rules
+    check` allows for it; they cannot overflow where the original does not, so the overflow guard leaves them."""
+    rounding = real_rules(collect()) - real_rules(collect(), (REAL_MARK,))
+    assert {"depthwise-shifted", "pool-sum-sliced", "transposed-phases", "stable-softmax-2d"} <= rounding
+    assert not {"dot-assoc-right", "dot-factor-left", "cumulative-blocked", "pick-of-log-softmax"} & rounding
+    src = RuleSource("mine", "<test>", '; @rounding: a sum\n(rewrite (Add (Add a b) c) (Add a (Add b c)) :name "r")')
+    assert real_rules([src]) == {"r"} and not real_rules([src], (REAL_MARK,))
 
 
 def test_float_sound_rules_get_a_tolerance_of_a_few_roundings():
