@@ -3,9 +3,12 @@
 The cost model predicts; the clock decides, by evidence. After validation, the plan and the original run in
 interleaved rounds (eqsat.measure.compare) within Limits.guard_seconds, and after each round a sign test asks
 whether the plan was faster (or slower) in more rounds than chance allows on a machine where the two are equal:
-on a shared machine one round can be off by 30 %, so a round is one vote, never a measure of the gain. The rounds
-stop as soon as the test decides with CONFIDENCE. A plan decided faster is kept; one decided slower is refused,
-and the refusal is stored with the plan (a later process runs the original at once).
+on a shared machine one round can be off by 30 %, so a round is one vote, never a measure of the gain. A gain
+beyond that noise (CLEAR_RATIO, every round the same way) also counts by its size: a t-test on the rounds' log
+ratios decides it, so a model 5x faster in three rounds of half a second each is decided on its first call
+instead of by live calls. The rounds stop as soon as either test decides with CONFIDENCE. A plan decided faster is
+kept; one decided slower is refused, and the refusal is stored with the plan (a later process runs the original at
+once).
 
 An undecided measurement (a program of 0.5 s fits three rounds in the budget) is no refusal: the live calls go on
 measuring. Meanwhile a plan the cost model predicts clearly faster (CLEAR_PREDICTION) whose rounds leaned its way
@@ -29,6 +32,7 @@ CONFIDENCE = 0.99  # one-sided: 7 of 7 rounds, 10 of 11, 12 of 14, ...
 CLEAR_PREDICTION = 1.5  # predicted speed-up above which an undecided plan keeps running
 LIVE_EVERY = 8  # while undecided, one call in this many also times both programs (a round)
 LIVE_ROUNDS = 40  # rounds after which an undecided measurement settles on its median
+CLEAR_RATIO = 1.3  # a geometric-mean ratio beyond one round's noise: the size test may decide it (or its inverse)
 
 
 def sign_test(faster: int, rounds: int) -> tuple[str, float]:
@@ -47,8 +51,35 @@ def _tail(k: int, n: int) -> float:
     return sum(math.comb(n, i) for i in range(k, n + 1)) / 2**n
 
 
+def size_test(ratios: list[float]) -> tuple[str, float]:
+    """("faster" | "slower" | "undecided", confidence) from the rounds' sizes: where every round of three or more
+    went one way and their geometric mean is beyond CLEAR_RATIO, a one-sided t-test on the log ratios (zero mean:
+    the two equal)."""
+    logs = [math.log(r) for r in ratios]
+    n = len(logs)
+    mean = sum(logs) / max(n, 1)
+    one_way = all(x > 0 for x in logs) or all(x < 0 for x in logs)
+    if n < 3 or not one_way or abs(mean) < math.log(CLEAR_RATIO):
+        return "undecided", 0.0
+    from scipy.stats import t as student  # imported here: scipy.stats costs 0.3 s, paid only by a clear gain
+
+    spread = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    p = 0.0 if spread == 0 else float(student.sf(abs(mean) / (spread / math.sqrt(n)), n - 1))
+    return ("faster" if mean > 0 else "slower", 1 - p) if p <= 1 - CONFIDENCE else ("undecided", 1 - p)
+
+
+def decide(ratios: list[float]) -> tuple[str, float, str]:
+    """(decision, confidence, which test decided: "sign" or "size") for rounds of original / plan time ratios."""
+    decision, confidence = sign_test(sum(r > 1 for r in ratios), len(ratios))
+    if decision == "undecided":
+        by_size, sure = size_test(ratios)
+        if by_size != "undecided":
+            return by_size, sure, "size"
+    return decision, confidence, "sign"
+
+
 def _decided(ratios: list[float]) -> bool:
-    return sign_test(sum(r > 1 for r in ratios), len(ratios))[0] != "undecided"
+    return decide(ratios)[0] != "undecided"
 
 
 def measure(
@@ -97,8 +128,9 @@ def _judged(rounds: list[tuple[float, float]], predicted: float, source: str) ->
     whether live calls go on measuring (`live`). Past LIVE_ROUNDS undecided rounds the median decides (`settled`),
     storing no refusal."""
     original, plan = [o for o, _ in rounds], [p for _, p in rounds]
-    result = Comparison.of(original, plan, [o / max(p, 1e-12) for o, p in rounds])
-    decision, confidence = sign_test(result.faster_rounds, result.rounds)
+    ratios = [o / max(p, 1e-12) for o, p in rounds]
+    result = Comparison.of(original, plan, ratios)
+    decision, confidence, test = decide(ratios)
     settled = decision == "undecided" and result.rounds >= LIVE_ROUNDS
     if decision != "undecided":
         kept = decision == "faster"
@@ -114,6 +146,7 @@ def _judged(rounds: list[tuple[float, float]], predicted: float, source: str) ->
         "faster_rounds": result.faster_rounds,
         "decision": decision,
         "confidence": confidence,
+        "test": test,  # "sign": more rounds one way than chance allows; "size": every round, by more than noise
         "predicted": predicted,
         "original_s": result.baseline_s,
         "optimized_s": result.candidate_s,
@@ -136,10 +169,13 @@ def describe(measured: dict[str, Any]) -> str:
         )
     elif decision == "undecided":
         verdict = f"undecided after {measured['rounds']} rounds: the median decides, {runs} (no refusal stored)"
-    elif measured["kept"]:
-        verdict = f"faster with {measured['confidence']:.0%} confidence: kept"
     else:
-        verdict = f"slower with {measured['confidence']:.0%} confidence: the original runs"
+        how = " (every round, beyond noise)" if measured.get("test") == "size" else ""
+        verdict = (
+            f"faster with {measured['confidence']:.0%} confidence{how}: kept"
+            if measured["kept"]
+            else f"slower with {measured['confidence']:.0%} confidence{how}: the original runs"
+        )
     source = " (the last on live calls)" if measured.get("source") == "live calls" else ""
     return (
         f"measured {measured['ratio']:.2f}x against the original (IQR {measured['ratio_low']:.2f}-"

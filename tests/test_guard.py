@@ -42,8 +42,10 @@ def _clock(monkeypatch: pytest.MonkeyPatch, ratios: list[float]) -> list[int]:
 
 
 NOISY = [0.8, 1.3, 1.1, 0.9, 1.4, 1.2, 0.95, 1.25, 1.05, 0.85]  # 6 of 10 faster: a coin could do that
-SLOWER = [0.7, 0.8, 0.75, 0.9, 0.6, 0.85, 0.8, 0.7, 0.9, 0.8]
-FASTER = [1.5, 1.7, 1.4, 1.9, 1.6, 1.5, 1.8, 1.6, 1.7, 1.5]
+# within one round's noise (guard.CLEAR_RATIO): only the count of rounds decides, at 7 of 7
+SLOWER = [0.8, 0.85, 0.9, 0.95, 0.8, 0.85, 0.8, 0.7, 0.9, 0.8]
+FASTER = [1.15, 1.2, 1.1, 1.25, 1.3, 1.15, 1.2, 1.1, 1.2, 1.15]
+CLEARLY_FASTER = [5.5, 5.7, 5.8, 5.6, 5.9, 5.4, 5.7, 5.5, 5.6, 5.8]  # MobileNetV2's plan: decided by its size
 
 
 def test_a_plan_measured_slower_with_confidence_is_dropped_and_says_what_was_measured(monkeypatch):
@@ -93,6 +95,22 @@ def test_the_sign_test_decides_both_ways_and_only_past_chance():
     assert guard.sign_test(6, 6)[0] == "undecided"  # 1.6%: not 99% sure
     assert guard.sign_test(10, 11)[0] == "faster" and guard.sign_test(9, 10)[0] == "undecided"
     assert guard.sign_test(3, 3) == ("undecided", pytest.approx(0.875))
+
+
+def test_the_size_test_decides_a_gain_or_loss_beyond_noise_in_every_round_and_nothing_else():
+    assert guard.decide(CLEARLY_FASTER[:3])[::2] == ("faster", "size") and guard.decide(CLEARLY_FASTER[:3])[1] > 0.99
+    assert guard.decide([1 / r for r in CLEARLY_FASTER[:3]])[::2] == ("slower", "size")
+    assert guard.decide(FASTER[:6])[0] == "undecided"  # every round faster, but by noise-sized gains
+    assert guard.decide([5.5, 5.7, 0.9])[0] == "undecided"  # one round the other way
+    assert guard.decide([2.0, 9.0, 1.5])[0] == "undecided"  # beyond noise on average, but too spread to be sure
+    assert guard.decide([5.5, 5.7])[0] == "undecided"  # two rounds are never enough
+
+
+def test_a_clearly_faster_plan_is_decided_on_its_first_call_not_by_live_calls(monkeypatch):
+    _clock(monkeypatch, CLEARLY_FASTER)
+    plan, runs_plan = _guarded_plan(64)
+    assert plan.measured["decision"] == "faster" and plan.measured["rounds"] == 3 and not plan.measured["live"]
+    assert "(every round, beyond noise): kept" in plan.summary() and runs_plan
 
 
 def test_a_faster_plan_is_kept(monkeypatch):
