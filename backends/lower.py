@@ -108,8 +108,12 @@ def _in_range(value: Any) -> Any:
     """Every element finite and not all zero (a product whose new order underflowed is flushed to zero as a whole;
     a value that is zero anyway runs the original, as correct and only slower), by one sum: of value * 0, NaN
     where any element is inf or NaN, plus 1 per zero element (in float32: a narrow type would not count). One
-    sum is one all-reduce where the value is sharded, and a vectorised pass where XLA:CPU's max would drop NaNs."""
-    zeros = jnp.sum((value * 0).astype(jnp.float32) + (value == 0))
+    sum is one all-reduce where the value is sharded, and a vectorised pass where XLA:CPU's max would drop NaNs.
+    The sum is a matrix-vector product over the last axis, then a sum of the rows: XLA:CPU reduces a whole array
+    to a scalar at about 6 GB/s, its GEMV 2.5x faster (8 MB: 0.5 ms against 1.3 ms)."""
+    terms = (value * 0).astype(jnp.float32) + (value == 0)
+    rows = terms.reshape(-1, value.shape[-1] if value.ndim else 1)
+    zeros = jnp.sum(rows @ jnp.ones(rows.shape[-1], jnp.float32))
     return jnp.isfinite(zeros) & (zeros < value.size - 0.5)
 
 
