@@ -157,13 +157,18 @@ def _judged(rounds: list[tuple[float, float]], predicted: float, source: str) ->
     }
 
 
+def _percent(confidence: float) -> str:
+    """A confidence as people read it: never "100%" (a t-test's tiny p rounds to it)."""
+    return ">99.9%" if confidence > 0.999 else f"{confidence:.0%}"
+
+
 def describe(measured: dict[str, Any]) -> str:
     """The measurement and the decision in a sentence (Plan.measured; the plan's fallback where the original runs)."""
     decision = measured.get("decision", "faster" if measured["kept"] else "slower")
     runs = "the plan runs" if measured["kept"] else "the original runs"
     if measured.get("live"):
         verdict = (
-            f"undecided ({measured['confidence']:.0%} confident): {runs}"
+            f"undecided ({_percent(measured['confidence'])} confident): {runs}"
             + (f" (predicted {measured['predicted']:.2f}x)" if measured["kept"] else "")
             + f" while one call in {LIVE_EVERY} measures both"
         )
@@ -172,9 +177,9 @@ def describe(measured: dict[str, Any]) -> str:
     else:
         how = " (every round, beyond noise)" if measured.get("test") == "size" else ""
         verdict = (
-            f"faster with {measured['confidence']:.0%} confidence{how}: kept"
+            f"faster with {_percent(measured['confidence'])} confidence{how}: kept"
             if measured["kept"]
-            else f"slower with {measured['confidence']:.0%} confidence{how}: the original runs"
+            else f"slower with {_percent(measured['confidence'])} confidence{how}: the original runs"
         )
     source = " (the last on live calls)" if measured.get("source") == "live calls" else ""
     return (
