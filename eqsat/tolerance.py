@@ -53,10 +53,11 @@ def beyond_conditioning(
 
     An element that sums terms which cancel is not determined by the original to better than those terms'
     rounding, which re-association changes: the original is run on its float inputs perturbed by a few ulps, and
-    an element may differ by CONDITIONING times as much as the original's own result moved."""
+    an element may differ by CONDITIONING times as much as the original's own result moved under any of up to
+    _PERTURBATIONS perturbations."""
     rng = np.random.default_rng(0)
     moved: list[np.ndarray | None] = [None] * len(expected)
-    for _ in range(2):
+    for _ in range(_PERTURBATIONS):  # the spread only grows: the first perturbation that explains got decides
         perturbed = [_perturbed(x, rng) for x in flat]
         try:
             values = comparable(original(*perturbed))
@@ -66,6 +67,12 @@ def beyond_conditioning(
             if np.asarray(value).dtype.name in VALIDATION_RTOL:
                 delta = np.abs(np.asarray(value, np.float64) - np.asarray(expected[k], np.float64))
                 moved[k] = delta if moved[k] is None else np.maximum(moved[k], delta)
+        if _first_beyond(expected, got, moved) is None:
+            return None
+    return _first_beyond(expected, got, moved)
+
+
+def _first_beyond(expected: list[Any], got: list[Any], moved: list[np.ndarray | None]) -> tuple[int, str] | None:
     for k, (want, have) in enumerate(zip(expected, got, strict=True)):
         spread = None if moved[k] is None else _CONDITIONING * np.nan_to_num(moved[k], nan=0.0, posinf=0.0)
         problem = differs(k, want, have, spread)
@@ -220,6 +227,10 @@ def _dtype_name(x: Any) -> str | None:
 # results move further: 22x measured on a MobileNetV2 training step's vanishing weight gradients (max 2.5e-13).
 _CONDITIONING = 32.0
 _PERTURBATION_ULPS = 4
+# At most this many perturbations, until one explains the plan's results: a value at a kink (relu's pre-activation
+# within rounding of 0) flips under a perturbation about half the time, and a plan whose rounding flipped it computes
+# the gradient the original gives for inputs an ulp away (2 tries refused 4 of 20 such flips; 8 miss 1 in 256)
+_PERTURBATIONS = 8
 
 
 def _perturbed(x: Any, rng: np.random.Generator) -> Any:
@@ -311,5 +322,5 @@ def difference(want: Any, got: Any, allowed: float) -> tuple[float, float] | Non
     finite = np.isfinite(w) & np.isfinite(g)
     if not np.array_equal(w[~finite], g[~finite], equal_nan=True) or not np.array_equal(np.isfinite(w), np.isfinite(g)):
         return float("inf"), allowed
-    error = float(np.max(np.abs(w - g)[finite], initial=0.0))
+    error = float(np.max(np.abs(w[finite] - g[finite]), initial=0.0))  # inf - inf warns: finite ones only
     return (error, allowed) if error > allowed else None
