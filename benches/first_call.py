@@ -2,6 +2,7 @@
 
     python -m benches.first_call                     # every model (the real ones need `pip install -e .[models]`)
     python -m benches.first_call --models bert,vgg19 --markdown first_call.md
+    python -m benches.first_call --models MobileNetV2,mamba_mixer,volumetric_cnn   # cases of benches/kernels.py
 
 Each first call runs in a fresh process (what a user's script pays: tracing, planning, compiling, validating),
 after the backend has started: jax.jit's, eqsat's with an empty cache directory (no timing cache, no stored
@@ -29,13 +30,18 @@ _MODES = ("jit", "eqsat", "eqsat_kept")
 
 
 def _workload(name: str) -> Any:
+    """A model of the suite, of benches/real_models.py, or a case of benches/kernels.py (mamba_mixer, MobileNetV2)."""
     from benches.models.registry import MODELS
 
     if name in MODELS:
         return MODELS[name]("full")
     from benches.real_models import REAL_MODELS
 
-    return REAL_MODELS[name]()
+    if name in REAL_MODELS:
+        return REAL_MODELS[name]()
+    from benches.kernels import workload
+
+    return workload(name)
 
 
 def _first_call(name: str, mode: str) -> dict[str, Any]:
