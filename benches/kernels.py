@@ -38,6 +38,7 @@ from benches.real_models import _keras_app
 from eqsat.measure import compare
 from eqsat.tolerance import ulps
 from eqsat.tools.versus import against_jit, settled
+from eqsat.widening import widened
 from eqsat.workload import Workload
 
 KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "ConvNeXtTiny")
@@ -306,16 +307,25 @@ SUMS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
 }
 
 
-def _narrow_ulps(work: Workload, fast: Callable[..., Any]) -> tuple[float, float] | None:
-    """For a bfloat16 or float16 result: the largest distance of eqsat's elements from the function evaluated on
-    float32 inputs, in units of the narrow type's last place at each element, and the share within two."""
+def _narrow_ulps(work: Workload, fast: Callable[..., Any]) -> dict[str, list[float]] | None:
+    """For bfloat16 or float16 results: each element's distance, in units of the narrow type's last place there,
+    from two float32 references, as [largest, share within two] for eqsat's results and for jax.jit's: "inputs",
+    the function evaluated on float32 inputs (its Python constants float32 too), and "program", the captured
+    program evaluated in float32 (eqsat/widening.py: its constants as the narrow type holds them, which is all a
+    plan can know of them)."""
     out = jax.tree.leaves(fast(*work.args))
     if not all(a.dtype in (jnp.bfloat16, jnp.float16) for a in out):
         return None
-    wide = jax.tree.map(lambda a: a.astype(jnp.float32) if a.dtype in (jnp.bfloat16, jnp.float16) else a, work.args)
-    references = jax.tree.leaves(jax.jit(work.fn)(*wide))
-    every = np.concatenate([ulps(got, ref, got.dtype).ravel() for got, ref in zip(out, references, strict=True)])
-    return float(every.max()), float(np.mean(every <= 2))
+    flat = jax.tree.leaves(work.args)
+    wide = [a.astype(jnp.float32) if a.dtype in (jnp.bfloat16, jnp.float16) else a for a in flat]
+    fn = jax.jit(lambda *leaves: jax.tree.leaves(work.fn(*jax.tree.unflatten(jax.tree.structure(work.args), leaves))))
+    references = {"inputs": fn(*wide), "program": widened(fn, flat, np.dtype(np.float32))}
+    found = {}
+    for name, reference in references.items():
+        for who, values in (("eqsat", out), ("jit", fn(*flat))):
+            every = np.concatenate([ulps(v, r, v.dtype).ravel() for v, r in zip(values, reference, strict=True)])
+            found[f"{name}_{who}"] = [float(every.max()), float(np.mean(every <= 2))]
+    return found
 
 
 SMALL = {  # docs/kernel-gaps.md's single ops
@@ -423,8 +433,15 @@ def _bar(row: dict[str, Any]) -> str:
 
 
 def _ulps_text(row: dict[str, Any]) -> str:
-    ulps = row.get("narrow_ulps")
-    return "" if ulps is None else f"; float32 reference: max {ulps[0]:.1f} ulp, {100 * ulps[1]:.1f} % within 2"
+    found = row.get("narrow_ulps")
+    if not found:
+        return ""
+    parts = [
+        f"{what}: eqsat max {found[f'{key}_eqsat'][0]:.1f} ulp, {100 * found[f'{key}_eqsat'][1]:.2f} % within 2 "
+        f"(jax.jit {found[f'{key}_jit'][0]:.1f}, {100 * found[f'{key}_jit'][1]:.2f} %)"
+        for key, what in (("program", "the program in float32"), ("inputs", "float32 inputs"))
+    ]
+    return "; " + "; ".join(parts)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
