@@ -1,6 +1,7 @@
 """Never slower than jax.jit: a plan is timed against the original after validation; measured slower with
 confidence it is refused, faster it is kept, undecided it runs where the cost model predicts a clear gain."""
 
+import itertools
 from typing import Any
 
 import jax
@@ -264,3 +265,10 @@ def test_an_undecided_prepared_plan_is_decided_by_live_calls(monkeypatch, tmp_pa
         results = [np.asarray(prepared(x)) for _ in range(guard.LIVE_EVERY * 2)]
         assert all(np.array_equal(r, original) is (Event.SLOWER in after) for r in results)
     assert len(live) == rounds
+
+
+def test_the_size_tests_student_tail_is_scipys():
+    from scipy.stats import t as student
+
+    for dof, x in itertools.product(range(1, 40), [0.0, 0.1, 0.5, 1.0, 2.0, 3.5, 7.0, 20.0, 100.0]):
+        assert abs(guard.student_sf(x, dof) - float(student.sf(x, dof))) < 1e-12, (dof, x)
