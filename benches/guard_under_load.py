@@ -4,6 +4,7 @@
     python -m benches.guard_under_load --runs 5 --busy 0     # the same on a quiet machine
     python -m benches.guard_under_load --example xent        # the LM loss alone
     python -m benches.guard_under_load --example slower      # a plan slower on purpose: refused?
+    python -m benches.guard_under_load --example mobilenetv2_train --runs 5 --vary --time 6   # and its speed after
 
 Each run is a new process with an empty cache directory (no stored plan, no timing cache) that plans one example
 of eqsat/tools/examples.py or one case of benches/kernels.py (`distributivity` and `xent`, the LM loss over 4x512x32000
@@ -44,7 +45,12 @@ rules = [WRONG] if {name!r}.startswith("wrong:") else RULES.get({name!r})
 fast = eqsat.optimize(work.fn, params_argnums=work.params_argnums, rules=rules)
 fast(*work.args)
 plan = settled(fast, work.args)  # undecided on the first call: live calls go on measuring until they decide
-print(json.dumps({{"measured": plan.measured, "fallback": plan.fallback}}))
+timed = None
+if {seconds!r}:  # what runs from now on against jax.jit, interleaved, the busy processes still beside
+    import jax
+    from eqsat.measure import compare
+    timed = compare(jax.jit(work.fn), fast, work.args, seconds={seconds!r}).ratio
+print(json.dumps({{"measured": plan.measured, "fallback": plan.fallback, "timed": timed}}))
 """
 
 
@@ -93,12 +99,13 @@ def _spin() -> None:
         pass
 
 
-def _planned(example: str, cache: str, seed: int | None = None) -> dict[str, Any]:
+def _planned(example: str, cache: str, seed: int | None = None, seconds: float = 0.0) -> dict[str, Any]:
     """The guard's measurement of the example's plan and why the original runs where it does, planned in a fresh
-    process with this cache directory (its arguments varied by `seed`)."""
+    process with this cache directory (its arguments varied by `seed`); with `seconds`, also its ratio to jax.jit
+    over that long, interleaved, once the guard has decided."""
     env = {**os.environ, "EQSAT_CACHE_DIR": cache, "EQSAT_BACKGROUND": "0", "EQSAT_PLAN_STORE": "off"}
     out = subprocess.run(
-        [sys.executable, "-c", _RUN.format(name=example, seed=seed)],
+        [sys.executable, "-c", _RUN.format(name=example, seed=seed, seconds=seconds)],
         env=env,
         capture_output=True,
         text=True,
@@ -121,9 +128,9 @@ def _poisoned_timings(cache: str) -> Path:
     return path
 
 
-def _kept(example: str, runs: int, vary: bool = False) -> int:
+def _kept(example: str, runs: int, vary: bool = False, seconds: float = 0.0) -> int:
     """How many of `runs` fresh processes keep the example's plan, each printing its guard's decision (`vary`: run
-    k's weights and inputs varied by seed k)."""
+    k's weights and inputs varied by seed k; `seconds`: and the ratio to jax.jit timed that long afterwards)."""
     kept = 0
     with tempfile.TemporaryDirectory() as seed:
         timings = _poisoned_timings(seed) if example == "slower" else None
@@ -132,7 +139,7 @@ def _kept(example: str, runs: int, vary: bool = False) -> int:
                 if timings is not None:
                     Path(cache, "timing").mkdir()
                     shutil.copy(timings, Path(cache, "timing", timings.name))
-                planned = _planned(example, cache, run if vary else None)
+                planned = _planned(example, cache, run if vary else None, seconds)
                 measured = planned["measured"]
             runs_plan = bool(measured and measured["kept"])
             kept += runs_plan
@@ -141,7 +148,8 @@ def _kept(example: str, runs: int, vary: bool = False) -> int:
                 how += f"{measured.get('source')}, ratio {measured['ratio']:.2f}"
             else:  # never timed: validation refused it, or nothing to gain
                 how = f"not timed: {(planned['fallback'] or 'no fallback')[:150]}"
-            print(f"{example} run {run + 1}: {how}, kept {runs_plan}", flush=True)
+            timed = f", then {planned['timed']:.2f}x against jax.jit over {seconds:g} s" if planned.get("timed") else ""
+            print(f"{example} run {run + 1}: {how}, kept {runs_plan}{timed}", flush=True)
     return kept
 
 
@@ -151,12 +159,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10, help="fresh processes per example")
     parser.add_argument("--busy", type=int, default=2, help="busy processes spinning beside them")
     parser.add_argument("--vary", action="store_true", help="other random weights and inputs in each run")
+    parser.add_argument(
+        "--time", type=float, default=0.0, metavar="SECONDS", help="then time the function against jax.jit this long"
+    )
     options = parser.parse_args()
     busy = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(options.busy)]
     for process in busy:
         process.start()
     try:
-        kept = {example: _kept(example, options.runs, options.vary) for example in options.example.split(",")}
+        kept = {
+            example: _kept(example, options.runs, options.vary, options.time) for example in options.example.split(",")
+        }
     finally:
         for process in busy:
             process.terminate()
