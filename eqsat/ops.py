@@ -133,6 +133,9 @@ class OpSpec:
     # the attributes' names: a NamedTuple of them, which lowering receives, and egglog and JSON attributes are read
     # back as (None: the attributes are a plain tuple)
     attributes: type[tuple] | None = None
+    # an elementwise op's work per element beyond its memory pass, in flops at the target's peak (XLA:CPU, measured:
+    # benches/RESULTS.md, session 15); 0 prices it as the memory pass alone, as every op whose cost no rule trades
+    flops_per_element: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_class", CostClass(self.cost_class))
@@ -224,8 +227,9 @@ def _binary(name: str, fn: Callable[..., Any], primitive: str) -> OpSpec:
     return OpSpec(name, (), 2, "elementwise", lower, "same-or-scalar", (primitive,))
 
 
-def _unary(name: str, fn: Callable[..., Any], primitive: str) -> OpSpec:
-    return OpSpec(name, (), 1, "elementwise", lambda _attrs, a: fn(a), "unary", (primitive,))
+def _unary(name: str, fn: Callable[..., Any], primitive: str | None, **fields: Any) -> OpSpec:
+    primitives = () if primitive is None else (primitive,)
+    return OpSpec(name, (), 1, "elementwise", lambda _attrs, a: fn(a), "unary", primitives, **fields)
 
 
 def _matrix_transpose(x: Any) -> Any:
@@ -631,6 +635,12 @@ OPS: dict[str, OpSpec] = {
         _unary("Log", lax.log, "log"),
         _unary("Tanh", lax.tanh, "tanh"),
         _unary("Logistic", lax.logistic, "logistic"),
+        # XLA:CPU computes erfc in both of its ranges' forms (exp included), about 3.6x erf's work; exact gelu
+        # (jax.nn.gelu(approximate=False), keras' default) is x / 2 * erfc(-x / sqrt 2)
+        _unary("Erf", lax.erf, "erf", flops_per_element=11.0),
+        _unary("Erfc", lax.erfc, "erfc", flops_per_element=40.0),
+        # erfc(z) as 1 - erf(z), what torch's gelu computes: exact to float32's rounding of 1 (rules/kernels.egg)
+        _unary("ErfcFromErf", lambda a: 1 - lax.erf(a), None, flops_per_element=12.0, alternative=True),
         _unary("Sqrt", lax.sqrt, "sqrt"),
         _unary("Rsqrt", lax.rsqrt, "rsqrt"),
         # (IntegerPow y a): a ** y for an integer y (jax.nn.gelu's cube)

@@ -201,11 +201,13 @@ def _free(node: _Node, profile: Profile) -> Cost:
 
 def _fused_pass(node: _Node, profile: Profile) -> Cost:
     """XLA fuses elementwise ops into their neighbours: the memory pass of the output, no kernel of its own; in a
-    narrow float type, the rounding of each element."""
-    kernels = 0 if profile.fuses_elementwise else 1
+    narrow float type, the rounding of each element; the op's own work per element where the op table gives one."""
+    kernels, elements = 0 if profile.fuses_elementwise else 1, prod(node.out_shape or ())
     seconds = node.out_bytes / profile.bandwidth_for(node.out_bytes) + kernels * profile.launch_overhead
     seconds += rounding_seconds(node.out_shape, node.dtype, profile)
-    return Cost(seconds, float(prod(node.out_shape or ())), node.out_bytes, kernels)
+    flops = elements * max(OPS[node.op].flops_per_element, 1.0)
+    seconds += elements * OPS[node.op].flops_per_element / profile.flops_per_second(node.dtype or "float32")
+    return Cost(seconds, float(flops), node.out_bytes, kernels)
 
 
 NARROW_FLOATS = ("bfloat16", "float16")

@@ -25,6 +25,11 @@ def _unary(fn: Callable[..., Any], domain: str = "") -> Callable[[DrawFn, Progra
     return gen
 
 
+def exact_gelu(x: Any) -> Any:
+    """jax.nn.gelu(x, approximate=False): x / 2 * erfc(-x / sqrt 2)."""
+    return jax.nn.gelu(x, approximate=False)
+
+
 def _binary(fn: Callable[..., Any], positive_right: bool = False) -> Callable[[DrawFn, Program], int]:
     def gen(draw: DrawFn, prog: Program) -> int:
         a = any_value(draw, prog)
@@ -380,6 +385,9 @@ ALGEBRA: dict[str, Callable[[DrawFn, Program], int]] = {
     "Logistic": _unary(lax.logistic),
     "Sqrt": _unary(lax.sqrt, "positive"),
     "Rsqrt": _unary(lax.rsqrt, "positive"),
+    "Erf": _unary(lax.erf),
+    "Erfc": _unary(lax.erfc),
+    "ErfcFromErf": _unary(exact_gelu),  # what rules/kernels.egg rewrites into it
     "Concat": _gen_concat,
     "Slice": _gen_slice,
     "Bcast": _gen_bcast,
