@@ -120,6 +120,13 @@ def patch_conv(a: "ConvAttrs", x: Any, w: Any) -> Any:
     return lax.reshape(y, (n, *out, out_channels)).astype(dtype)
 
 
+def bg_operand_layouts(rank: int) -> tuple[Shape, Shape]:
+    """The axis orders shifted_conv_bg transposes its operands into first: the forward input (C, S..., N) back to
+    (N, S..., C), the cotangent (K..., N, O) back to (N, K..., O). Capture made both from these orders (jax's
+    layouts -> the table's), so in a program XLA folds each pair of transposes."""
+    return (rank - 1, *range(1, rank - 1), 0), (rank - 2, *range(rank - 2), rank - 1)
+
+
 def shifted_conv_bg(a: "ConvAttrs", x: Any, w: Any) -> Any:
     """A conv with one batch row per batch group (the weight gradient of a depthwise conv), of any rank, as one fused
     multiply-reduction per output position. x is the forward input with batch and channels swapped, (C, S..., N),
@@ -128,9 +135,10 @@ def shifted_conv_bg(a: "ConvAttrs", x: Any, w: Any) -> Any:
     its depthwise one."""
     *kernel, _, out_channels = w.shape
     rank = x.ndim
-    forward = lax.transpose(x, (rank - 1, *range(1, rank - 1), 0))  # (N, S..., C)
+    x_order, w_order = bg_operand_layouts(rank)
+    forward = lax.transpose(x, x_order)  # (N, S..., C)
     xp = conv_input(a, accumulating(repeated_channels(forward, out_channels)))
-    g = lax.transpose(w, (rank - 2, *range(rank - 2), rank - 1)).astype(xp.dtype)  # (N, K..., O)
+    g = lax.transpose(w, w_order).astype(xp.dtype)  # (N, K..., O)
     out = tuple(
         (n - d * (k - 1) - 1) // s + 1
         for n, k, s, d in zip(xp.shape[1:-1], kernel, a.strides, a.rhs_dilation, strict=True)

@@ -136,6 +136,9 @@ class OpSpec:
     # an elementwise op's work per element beyond its memory pass, in flops at the target's peak (XLA:CPU, measured:
     # benches/RESULTS.md, session 15); 0 prices it as the memory pass alone, as every op whose cost no rule trades
     flops_per_element: float = 0.0
+    # rank -> the axis order the lowering transposes each operand into first, where capture made that operand from
+    # that order (XLA folds the two transposes in a program): the timing cache times the op on operands made in it
+    operand_layouts: Callable[[int], tuple[Shape, ...]] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_class", CostClass(self.cost_class))
@@ -361,7 +364,11 @@ def _conv_merge_key(attrs: tuple, _shapes: list[Shape | None]) -> tuple | None:
 
 
 def _conv_op(
-    name: str, lower: Callable[..., Any], primitives: tuple[str, ...] = (), alternative: bool = False
+    name: str,
+    lower: Callable[..., Any],
+    primitives: tuple[str, ...] = (),
+    alternative: bool = False,
+    operand_layouts: Callable[[int], tuple[Shape, ...]] | None = None,
 ) -> OpSpec:
     """An op with ConvAttrs and (x, w) inputs: Conv and its alternative implementations."""
 
@@ -383,6 +390,7 @@ def _conv_op(
         alternative=alternative,
         attributes=ConvAttrs,
         merge_key=None if alternative else _conv_merge_key,
+        operand_layouts=operand_layouts,
     )
 
 
@@ -498,7 +506,7 @@ OPS: dict[str, OpSpec] = {
         # contraction batched over the groups.
         _conv_op("PatchConv", kernels.patch_conv, alternative=True),
         # A conv with one batch row per batch group (a depthwise conv's weight gradient) as shifted multiply-reductions
-        _conv_op("ShiftConvBG", kernels.shifted_conv_bg, alternative=True),
+        _conv_op("ShiftConvBG", kernels.shifted_conv_bg, alternative=True, operand_layouts=kernels.bg_operand_layouts),
         # A conv with lhs_dilation s (transposed convs, strided convs' input gradients) as s^d stride-1 convs of the
         # undilated input with the kernel's phases, interleaved
         _conv_op("PhaseConv", kernels.phase_conv, alternative=True),

@@ -29,6 +29,7 @@ from typing import Any
 import jax
 import jaxlib
 import numpy as np
+from jax import lax
 
 from eqsat import progress
 from eqsat.errors import EqsatWarning
@@ -38,7 +39,9 @@ from eqsat.ops import OPS, CostClass, infer
 from eqsat.sample import example_array
 from eqsat.saturate import Snapshot
 
-FORMAT = 2  # 2: kernels too fast to measure listed in "too_fast" (1 wrote them as null timings)
+# 2: kernels too fast to measure listed in "too_fast" (1 wrote them as null timings); 3: an op with operand layouts
+# timed on operands made in them (2 timed ShiftConvBG with its transposes unfolded, 2-4x slow)
+FORMAT = 3
 Shape = tuple[int, ...]
 log = logging.getLogger("eqsat")
 
@@ -207,13 +210,28 @@ _OVERHEAD: dict[str, float] = {}
 def measure_one(wanted: Wanted) -> float | None:
     """Compile the node alone on random inputs and return the median seconds of a few runs, call overhead off;
     None for a kernel that runs in less than two calls' overhead: dispatch noise hides it, the roofline prices it."""
+    with jax.ensure_compile_time_eval():  # planning may run inside the caller's jax.jit trace: run, do not trace
+        return time_alone(*kernel_program(wanted))
+
+
+def kernel_program(wanted: Wanted) -> tuple[Callable[..., Any], tuple]:
+    """The node alone as a jitted function, and random inputs for it. An op with operand layouts gets each operand
+    as capture makes it: made in the order its lowering transposes it into, and transposed back (XLA folds both)."""
     spec = OPS[wanted.op]
     rng = np.random.default_rng(0)
-    with jax.ensure_compile_time_eval():  # planning may run inside the caller's jax.jit trace: run, do not trace
+    shapes = list(wanted.in_shapes)
+    orders = spec.operand_layouts(len(shapes[0])) if spec.operand_layouts else [tuple(range(len(s))) for s in shapes]
+    with jax.ensure_compile_time_eval():
         args = tuple(
-            jax.numpy.asarray(example_array(s, d, rng)) for s, d in zip(wanted.in_shapes, wanted.in_dtypes, strict=True)
+            jax.numpy.asarray(example_array(tuple(s[k] for k in order), d, rng))
+            for s, d, order in zip(shapes, wanted.in_dtypes, orders, strict=True)
         )
-        return time_alone(jax.jit(lambda *xs: spec.lower(wanted.attrs, *xs)), args)
+
+    def kernel(*xs: Any) -> Any:
+        made = (lax.transpose(x, tuple(map(int, np.argsort(o)))) for x, o in zip(xs, orders, strict=True))
+        return spec.lower(wanted.attrs, *made)
+
+    return jax.jit(kernel), args
 
 
 def time_alone(fn: Callable[..., Any], args: tuple) -> float | None:
