@@ -5,4 +5,4 @@ import sys
 from eqsat.tools.main import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(own_process=True))

@@ -207,6 +207,11 @@ def _call_overhead() -> float:
 _OVERHEAD: dict[str, float] = {}
 
 
+def too_fast_s() -> float:
+    """The most a kernel measured too fast to time (an entry of None) takes: two calls' overhead here."""
+    return 2 * _call_overhead()
+
+
 def measure_one(wanted: Wanted) -> float | None:
     """Compile the node alone on random inputs and return the median seconds of a few runs, call overhead off;
     None for a kernel that runs in less than two calls' overhead: dispatch noise hides it, the roofline prices it."""

@@ -83,6 +83,8 @@ def _profile(args: argparse.Namespace) -> int:
 
     target_profile(args.target)
     work = workload(args)
+    if args.own_process:
+        census.keep_compiled()
     with progress.live_progress(None if args.progress else False):
         fast = eqsat.optimize(work.fn, target=args.target, background=False)
         found = census.profile(fast, work.args, measure_seconds=args.budget, seconds=args.seconds)
@@ -116,8 +118,8 @@ def add_profile_command(commands: Any) -> None:
     p.add_argument(
         "--seconds",
         type=number(float, 0),
-        default=2.0,
-        help="seconds timing the program end to end (default 2; 0: the kernels alone, nothing compiled whole)",
+        default=1.0,
+        help="seconds timing the program end to end (default 1; 0: the kernels alone, nothing compiled whole)",
     )
     p.add_argument("--json", metavar="OUT.json", help="save the census (eqsat.census.load_census reads it)")
     p.add_argument("--html", metavar="OUT.html", help="the plan's report with the census drawn as a chart")

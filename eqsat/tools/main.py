@@ -116,7 +116,8 @@ def fuzz(args: argparse.Namespace) -> int:
     return 1 if summary.failures else 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, own_process: bool = False) -> int:
+    """`own_process`: the command runs in a process of its own (`python -m eqsat`), whose jax settings it may set."""
     parser = argparse.ArgumentParser(prog="python -m eqsat", description="Equality-saturation optimizer for JAX.")
     commands = parser.add_subparsers(dest="command", required=True)
     for add in (add_optimize_command, add_tune_command, add_profile_command, _add_demo, _add_compare, _add_calibrate):
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_fuzz(commands)
     for p in (parser, *commands.choices.values(), *rules.choices.values()):
         add_common_flags(p)
-    parser.set_defaults(verbose=0, progress=True)
+    parser.set_defaults(verbose=0, progress=True, own_process=own_process)
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
     return args.run(args)
