@@ -422,6 +422,12 @@ def _failure(name: str, error: Exception) -> str:
 _COMPILER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eqsat-reference")
 
 
+def compiling_done() -> None:
+    """Wait until the originals compiled in the background for validation are compiled: on a machine of two cores a
+    compile beside a kernel's timing doubles it."""
+    _COMPILER.submit(lambda: None).result()
+
+
 def _compiled_reference(closed: jcore.ClosedJaxpr) -> Any:
     """The captured program compiled on its own: from the jaxpr, so no user code runs on this thread."""
     avals = [v.aval for v in closed.jaxpr.invars]
