@@ -320,9 +320,10 @@ def _narrow_ulps(work: Workload, fast: Callable[..., Any]) -> dict[str, list[flo
     wide = [a.astype(jnp.float32) if a.dtype in (jnp.bfloat16, jnp.float16) else a for a in flat]
     fn = jax.jit(lambda *leaves: jax.tree.leaves(work.fn(*jax.tree.unflatten(jax.tree.structure(work.args), leaves))))
     references = {"inputs": fn(*wide), "program": widened(fn, flat, np.dtype(np.float32))}
+    results = {"eqsat": out, "jit": fn(*flat)}
     found = {}
     for name, reference in references.items():
-        for who, values in (("eqsat", out), ("jit", fn(*flat))):
+        for who, values in results.items():
             every = np.concatenate([ulps(v, r, v.dtype).ravel() for v, r in zip(values, reference, strict=True)])
             found[f"{name}_{who}"] = [float(every.max()), float(np.mean(every <= 2))]
     return found

@@ -67,8 +67,11 @@ def beyond_conditioning(
             if np.asarray(value).dtype.name in VALIDATION_RTOL:
                 delta = np.abs(np.asarray(value, np.float64) - np.asarray(expected[k], np.float64))
                 moved[k] = delta if moved[k] is None else np.maximum(moved[k], delta)
-        if _first_beyond(expected, got, moved) is None:
+        found = _first_beyond(expected, got, moved)
+        if found is None:
             return None
+    else:
+        return found
     return _first_beyond(expected, got, moved)
 
 
