@@ -28,18 +28,18 @@ import jax
 from eqsat import progress
 from eqsat.census_kernels import Unit, describe, measure_alone, unit_key, unit_roofline, units
 from eqsat.extract import timing
-from eqsat.extract.cost import Profile, cache_dir, load_profile, node_cost, node_key
+from eqsat.extract.cost import Profile, cache_dir, load_profile, node_cost
 from eqsat.extract.plan import Plan
 from eqsat.extract.views import seconds_text
 from eqsat.ir import Graph, Node
 from eqsat.measure import compare
-from eqsat.ops import OPS, VAR
+from eqsat.ops import VAR
 from eqsat.planning import compiling_done
 from eqsat.rule_sources import RuleSource
 from eqsat.saturate import Saturation, saturate
 
 FORMAT = "eqsat-census"
-VERSION = 1
+VERSION = 2  # 2: the plan's own kernels (plan_kernels); a version 1 file reads with none
 # kernels alone adding up to more than this many times the program's time (or less than its inverse) are suspect
 _AGREE = 1.5
 # programs compiling longer than this are kept in jax's compilation cache by the profile command (the kernels
@@ -89,6 +89,7 @@ class Census:
     device: str
     target: str
     kernels: list[Kernel]
+    plan_kernels: list[Kernel] = field(default_factory=list)  # the program eqsat runs, cut and timed the same way
     original_s: float | None = None  # the original program end to end (median of interleaved rounds)
     plan_s: float | None = None  # what eqsat runs, end to end
     rounds: int = 0
@@ -110,6 +111,11 @@ class Census:
         return sum(k.total_s or 0.0 for k in self.kernels)
 
     @property
+    def plan_kernels_s(self) -> float:
+        """The plan's measured kernels added up: where the time goes after eqsat's rewrites."""
+        return sum(k.total_s or 0.0 for k in self.plan_kernels)
+
+    @property
     def opaque_s(self) -> float:
         """Time in primitives eqsat does not model (left untouched by every rewrite)."""
         return sum(k.total_s or 0.0 for k in self.kernels if k.kind == "opaque")
@@ -127,6 +133,11 @@ class Census:
                 f"the original; opaque primitives (untouched by eqsat) {seconds_text(self.opaque_s)}, "
                 f"{self.opaque_s / self.original_s:.0%}"
             )
+            if self.plan_s and self.plan_kernels:
+                lines.append(
+                    f"  the plan's {len(self.plan_kernels)} kernel classes alone add up to "
+                    f"{seconds_text(self.plan_kernels_s)}, {self.plan_kernels_s / self.plan_s:.0%} of the plan"
+                )
             if not 1 / _AGREE <= self.kernels_s / self.original_s <= _AGREE:
                 lines.append(
                     "  the kernels alone are far from the program's time: timings on a loaded machine (a small "
@@ -138,32 +149,42 @@ class Census:
         )
         return lines + [f"  {note}" for note in self.notes]
 
-    def table(self) -> Any:
-        """A rich Table of the kernels."""
+    def table(self, plan: bool = False) -> Any:
+        """A rich Table of the original's kernels, or (`plan`) of the plan's, shares of the plan's time."""
         from rich.table import Table
 
         table = Table(title=None, show_lines=False, header_style="bold")
-        for header in ("kernel", "count", "each", "share", "roofline", "lost", "alternatives", "plan runs", "saved"):
+        headers = ("kernel", "count", "each", "share", "roofline", "lost")
+        headers += () if plan else ("alternatives", "plan runs", "saved")
+        for header in headers:
             table.add_column(header, justify="left" if header in ("kernel", "alternatives", "plan runs") else "right")
-        for k in self.kernels:
-            share = self.share(k)
-            table.add_row(
+        whole = self.plan_s if plan else self.original_s
+        for k in self.plan_kernels if plan else self.kernels:
+            share = None if k.total_s is None or not whole else k.total_s / whole
+            cells = [
                 f"{k.name} {k.detail}",
                 str(k.count),
                 _seconds(k.measured_s),
                 "-" if share is None else f"{share:.1%}",
                 seconds_text(k.roofline_s),
                 _seconds(k.lost_s),
-                ", ".join(k.alternatives) or "-",
-                f"{k.chosen} x{k.chosen_count}" if k.chosen_count else "-",
-                _seconds(k.saved_s),
-            )
+            ]
+            if not plan:
+                cells += [
+                    ", ".join(k.alternatives) or "-",
+                    f"{k.chosen} x{k.chosen_count}" if k.chosen_count else "-",
+                    _seconds(k.saved_s),
+                ]
+            table.add_row(*cells)
         return table
 
     def __rich__(self) -> Any:
         from rich.console import Group
 
-        return Group("\n".join(self.summary()), self.table())
+        parts = ["\n".join(self.summary()), self.table()]
+        if self.plan_kernels:
+            parts += ["what eqsat runs, kernel by kernel (shares of the plan's time):", self.table(plan=True)]
+        return Group(*parts)
 
     def __str__(self) -> str:
         from rich.console import Console
@@ -191,11 +212,12 @@ def echo(renderable: Any) -> None:
 
 
 def census_from_dict(data: dict[str, Any]) -> Census:
-    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
-        raise ValueError(f"not an eqsat census of version {VERSION}")
+    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") not in range(1, VERSION + 1):
+        raise ValueError(f"not an eqsat census of version {VERSION} or older")
     fields = {k: v for k, v in data.items() if k not in ("format", "version")}
-    kernels = [Kernel(**{**k, "alternatives": tuple(k["alternatives"])}) for k in fields.pop("kernels")]
-    return Census(**fields, kernels=kernels)
+    rows = {name: fields.pop(name, []) for name in ("kernels", "plan_kernels")}
+    kernels = {name: [Kernel(**{**k, "alternatives": tuple(k["alternatives"])}) for k in r] for name, r in rows.items()}
+    return Census(**fields, **kernels)
 
 
 def load_census(path: str | Path) -> Census:
@@ -273,16 +295,6 @@ def _rivals(graph: Graph, classes: dict[str, Unit], rules: Sequence[RuleSource])
     return {key: [w for w in by_class.get(snapshot.orig[i], []) if w.key != key] for key, i in roots.items()}
 
 
-def _plan_counts(plan: Plan) -> dict[str, int]:
-    """How many nodes of each kernel key the plan runs."""
-    counts: dict[str, int] = {}
-    for node in plan.nodes:
-        if node.op in OPS and timing.measurable(node.op):
-            key = node_key(node.op, node.attrs, [plan.nodes[j].shape for j in node.inputs], node.dtype)
-            counts[key] = counts.get(key, 0) + 1
-    return counts
-
-
 # ---------------------------------------------------------------------------------------------------- the census
 
 
@@ -309,35 +321,49 @@ def take(
     cache = timing.cache_for(device)
     here = device == timing.local_device()
     first, counts = _classes(graph)
+    program = plan.program()
+    plan_first, plan_counts = _classes(program)
     progress.begin("census", f"census: the alternatives of {len(first)} kernel classes")
     rivals = _rivals(graph, first, rules)
     roofline = {key: unit_roofline(graph, unit, profile) for key, unit in first.items()}
-    # what to time: the kernels with alternatives first (and the alternatives), then by predicted time in all
+    plan_roofline = {key: unit_roofline(program, unit, profile) for key, unit in plan_first.items()}
+    # what to time: the kernels with alternatives first (and the alternatives), then by predicted time in all, then
+    # the plan's own kernels
     order = sorted(first, key=lambda k: (not rivals.get(k), -counts[k] * roofline[k]))
     wanted = [w for key in order for w in (_wanted(graph, key, first[key]), *rivals.get(key, []))]
+    wanted += [_wanted(program, key, unit) for key, unit in plan_first.items()]
+    units_by_key = {key: (program, unit) for key, unit in plan_first.items()} | {
+        key: (graph, unit) for key, unit in first.items()
+    }
     compiling_done()  # the plan's original, compiled in the background for validation, is not timed beside them
     start = time.perf_counter()
     counted = timing.measure(
-        cache, wanted, measure_seconds if here else 0.0, timer=functools.partial(_time, graph, first)
+        cache, wanted, measure_seconds if here else 0.0, timer=functools.partial(_time, units_by_key)
     )
     measure_s = time.perf_counter() - start
     with cache.lock:
         entries = dict(cache.entries)
     too_fast = timing.too_fast_s() if None in entries.values() else math.inf
-    ran = _plan_counts(plan)
+    ran = {key: n for key, n in plan_counts.items() if plan_first[key].kind == "kernel"}
     kernels = [
         _kernel(graph, key, counts[key], roofline[key], rivals.get(key, []), ran, entries, too_fast, profile, unit)
         for key, unit in first.items()
     ]
-    kernels.sort(key=lambda k: (k.lost_s is None, -(k.lost_s or 0.0), -k.count * k.roofline_s))
+    plan_kernels = [
+        _kernel(program, key, plan_counts[key], plan_roofline[key], [], {}, entries, too_fast, profile, unit)
+        for key, unit in plan_first.items()
+    ]
+    for rows in (kernels, plan_kernels):
+        rows.sort(key=lambda k: (k.lost_s is None, -(k.lost_s or 0.0), -k.count * k.roofline_s))
     census = Census(
         name=name,
         device=device,
         target=plan.target,
         kernels=kernels,
+        plan_kernels=plan_kernels,
         cached=int(counted["hits"]),
         measured=int(counted["measured"]),
-        skipped=sum(k.measured_s is None for k in kernels),
+        skipped=sum(k.measured_s is None for k in (*kernels, *plan_kernels)),
         measure_s=measure_s,
     )
     _notes(census, plan, here)
@@ -348,11 +374,13 @@ def take(
     return census
 
 
-def _time(graph: Graph, first: dict[str, Unit], wanted: timing.Wanted) -> float | None:
+def _time(units: dict[str, tuple[Graph, Unit]], wanted: timing.Wanted) -> float | None:
     """A kernel class timed alone: an op of the table as the timing cache times it; an opaque primitive or a fused
-    group compiled as a program of its own."""
-    unit = first.get(wanted.key)
-    return measure_alone(graph, unit) if unit is not None and unit.kind != "kernel" else timing.measure_one(wanted)
+    group compiled as a program of its own (from the original's graph or the plan's)."""
+    graph, unit = units.get(wanted.key, (None, None))
+    if graph is None or unit is None or unit.kind == "kernel":
+        return timing.measure_one(wanted)
+    return measure_alone(graph, unit)
 
 
 def _classes(graph: Graph) -> tuple[dict[str, Unit], dict[str, int]]:

@@ -13,7 +13,7 @@ from eqsat.extract.extractors import EXTRACT_SECONDS, ExtractionReport, extract
 from eqsat.extract.timing import measurable
 from eqsat.extract.views import original_graph
 from eqsat.extract.widen import widen
-from eqsat.ir import Graph, Shape
+from eqsat.ir import Graph, Node, Shape, Where
 from eqsat.ops import OPAQUE, OPS, TCONS, TNIL, VAR, CostClass, infer
 from eqsat.saturate import ENode, Snapshot, StopReason
 
@@ -95,6 +95,20 @@ class Plan:
     def widened(self) -> int:
         """How many narrow-float elementwise nodes compute in float32 (extract/widen.py)."""
         return sum(node.wide for node in self.nodes)
+
+    def program(self) -> Graph:
+        """The plan's own program as a graph (for the census), its opaque calls and constants the original's."""
+        original = self.graph if self.graph is not None else Graph()
+        return Graph(
+            nodes=[Node(n.op, n.inputs, n.attrs, n.shape, n.dtype) for n in self.nodes],
+            outputs=list(self.outputs),
+            effects=list(self.effects),
+            consts=original.consts,
+            opaque=original.opaque,
+            where={
+                i: Where(n.scopes[0], n.sources[0] if n.sources else "") for i, n in enumerate(self.nodes) if n.scopes
+            },
+        )
 
     def rewritten_frontier(self) -> list[int]:
         """The rewritten nodes whose values the rest of the program reads as the original's (results, and inputs

@@ -169,3 +169,25 @@ def test_a_kernel_too_fast_to_time_is_priced_at_most_two_calls_overhead(monkeypa
     bound = timing.too_fast_s()
     assert any(k.roofline_s > 10 * bound for k in found.kernels)  # the table's read, as the roofline prices it
     assert all(k.measured_s is not None and k.measured_s <= bound for k in found.kernels if k.kind != "kernel")
+
+
+def test_the_plans_own_kernels_are_listed_as_shares_of_the_plan():
+    """What eqsat runs, cut and timed as the original is: the depthwise conv's ShiftConv in the conv's place."""
+    found = eqsat.optimize(depthwise).profile(*_depthwise_args())
+    names = [k.name for k in found.plan_kernels]
+    assert "ShiftConv" in names and "Conv" not in names and "sort" in names
+    shift = _kernel(dataclasses.replace(found, kernels=found.plan_kernels), "ShiftConv")
+    assert shift.measured_s == OTHER_S and shift.alternatives == () and not shift.chosen
+    assert found.plan_kernels_s == pytest.approx(sum(k.count * k.measured_s for k in found.plan_kernels))
+    printed = str(found)
+    assert "what eqsat runs, kernel by kernel" in printed and "the plan's" in printed
+
+
+def test_a_census_saved_before_the_plans_kernels_reads_with_none(tmp_path):
+    found = eqsat.optimize(depthwise).profile(*_depthwise_args())
+    data = {**found.to_dict(), "version": 1}
+    del data["plan_kernels"]
+    old = census.census_from_dict(data)
+    assert old.plan_kernels == [] and old.kernels == found.kernels
+    with pytest.raises(ValueError, match="not an eqsat census of version 2 or older"):
+        census.census_from_dict({**data, "version": 3})
