@@ -120,6 +120,17 @@ def patch_conv(a: "ConvAttrs", x: Any, w: Any) -> Any:
     return lax.reshape(y, (n, *out, out_channels)).astype(dtype)
 
 
+def dot_conv(_a: "ConvAttrs", x: Any, w: Any) -> Any:
+    """A conv whose window covers its whole input (unpadded, undilated, one group: every spatial axis of its output
+    is 1) as one matrix product, out[b, 1..., o] = sum over s, i of x[b, s, i] * w[s, i, o]: the weight gradient of
+    a 1x1 conv, which XLA:CPU's conv kernel runs 2-6x slower than its GEMM (benches/RESULTS.md, session 16)."""
+    r = x.ndim
+    dtype = jnp.result_type(x.dtype, w.dtype)
+    acc = jnp.promote_types(dtype, jnp.float32)  # bf16/f16 accumulate in f32 as the conv kernel does, f64 in f64
+    y = lax.dot_general(x, w, ((tuple(range(1, r)), tuple(range(r - 1))), ((), ())), preferred_element_type=acc)
+    return lax.reshape(y, (x.shape[0], *(1,) * (r - 2), w.shape[-1])).astype(dtype)
+
+
 def bg_operand_layouts(rank: int) -> tuple[Shape, Shape]:
     """The axis orders shifted_conv_bg transposes its operands into first: the forward input (C, S..., N) back to
     (N, S..., C), the cotangent (K..., N, O) back to (N, K..., O). Capture made both from these orders (jax's

@@ -6,6 +6,8 @@ import numpy as np
 from eqsat.ir import Graph, Node
 from eqsat.ops import GET, OPAQUE, OPS, SORTS, TCONS, TNIL, VAR
 
+_VECTOR_LENGTHS = range(1, 7)  # the lengths of (zeros n) and (ones n): a conv's spatial axes, 1-3 in practice
+
 ANALYSIS = "analysis"  # ruleset of the shape and dtype analyses, saturated before every rewrite step
 # egglog functions and relations that hold facts about tensors, not tensors: not e-nodes of the program
 FACTS = (
@@ -35,6 +37,10 @@ def prelude() -> str:
         "(relation distinct-before (Tensor i64 i64))",
         # the value of a floating-point scalar constant (relu is max(x, 0.0)), for rules to match on
         "(function scalar-value (Tensor) f64 :merge (min old new))",
+        # constant vectors by length, for rules to compare attributes with (a conv's unpadded, undilated axes)
+        "(function zeros (i64) Shape :no-merge)",
+        "(function ones (i64) Shape :no-merge)",
+        *(f"(set (zeros {n}) (vec-of{' 0' * n})) (set (ones {n}) (vec-of{' 1' * n}))" for n in _VECTOR_LENGTHS),
         f"(ruleset {ANALYSIS})",
     ]
     for op in OPS.values():

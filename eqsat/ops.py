@@ -502,6 +502,8 @@ OPS: dict[str, OpSpec] = {
         # The same attributes, a depthwise conv (one input channel per group) computed as shifted multiply-adds;
         # rules/kernels.egg puts it beside the Conv it can replace, the timing cache prices both.
         _conv_op("ShiftConv", kernels.shifted_conv, alternative=True),
+        # The same attributes, a conv whose window covers its whole input (a 1x1 conv's weight gradient) as one GEMM
+        _conv_op("DotConv", kernels.dot_conv, alternative=True),
         # The same attributes, a grouped conv (several input channels per group) as stacked shifted patches and one
         # contraction batched over the groups.
         _conv_op("PatchConv", kernels.patch_conv, alternative=True),

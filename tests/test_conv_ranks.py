@@ -20,7 +20,7 @@ from eqsat.saturate import Saturation, saturate
 
 RNG = np.random.default_rng(26)
 LAYOUTS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
-CONVS = ("Conv", "ShiftConv", "PatchConv", "ShiftConvBG", "PhaseConv")
+CONVS = ("Conv", "ShiftConv", "PatchConv", "ShiftConvBG", "PhaseConv", "DotConv")
 
 
 def normal(*shape: int) -> jax.Array:
@@ -85,7 +85,8 @@ def test_egglog_shapes_of_convs_and_pools_of_every_rank_agree_with_jax():
         c = lax.reduce_window(x3, -jnp.inf, lax.max, (1, 2, 3, 2, 1), (1, 2, 2, 1, 1), "SAME")
         d = lax.reduce_window(x1, 0.0, lax.add, (1, 3, 1), (1, 2, 1), "VALID")
         e = lax.conv_transpose(x3, jnp.tile(w3, (1, 1, 1, 2, 1)), (2, 1, 2), "SAME", dimension_numbers=LAYOUTS[3])
-        return a, b, c, d, e, jax.grad(lambda w: jnp.sum(conv(x1, w, (2,), "SAME", 6) ** 2))(w1)
+        g = jax.grad(lambda w: jnp.sum(conv(x3, w, (1, 1, 1), "VALID", 1) ** 2))(jnp.ones((1, 1, 1, 4, 3)))
+        return a, b, c, d, e, g, jax.grad(lambda w: jnp.sum(conv(x1, w, (2,), "SAME", 6) ** 2))(w1)
 
     graph = capture(jax.make_jaxpr(f)(x1, w1, x3, w3))
     snapshot = saturate(graph, collect(), Saturation(iterations=4, nodes=4000, seconds=20.0))
@@ -180,3 +181,29 @@ def test_a_flax_conv_transpose_decoder_gets_the_phase_form(decide_timings):
     fast = eqsat.optimize(lambda p, x: Decoder().apply(p, x))
     np.testing.assert_allclose(fast(params, x), jax.jit(Decoder().apply)(params, x), rtol=1e-5, atol=1e-5)
     assert [n.op for n in fast.plan(params, x).nodes if n.op in CONVS] == ["PhaseConv"] * 2
+
+
+def test_the_weight_gradients_of_1x1_convs_of_every_rank_are_one_matrix_product(decide_timings):
+    """A 1x1 conv's weight gradient is a conv whose window covers its whole input: DotConv, one dot_general over
+    its spatial and batch axes; a strided or padded 1x1 conv's is not (its window does not cover the input)."""
+    x1, w1 = normal(2, 16, 6), normal(1, 6, 5) * 0.5
+    x3, w3 = normal(2, 4, 6, 6, 3), normal(1, 1, 1, 3, 4) * 0.5
+    x2, w2 = normal(2, 8, 8, 3), normal(1, 1, 3, 4) * 0.5
+
+    def loss(w1: Any, w3: Any, w2: Any) -> Any:
+        pointwise = jnp.tanh(conv(x1, w1, (1,), "VALID", 1)) + jnp.sum(jnp.tanh(conv(x3, w3, (1, 1, 1), "VALID", 1)))
+        strided = jnp.tanh(conv(x2, w2, (2, 2), "VALID", 1))
+        return jnp.sum(pointwise**2) + jnp.sum(strided**2)
+
+    step = jax.grad(loss, argnums=(0, 1, 2))
+    args = (w1, w3, w2)
+    limits = eqsat.Limits(seconds=300, measure_seconds=300)
+    eqsat.optimize(step, limits=limits).plan(*args)
+    decide_timings(alternatives_win=True)
+    fast = eqsat.optimize(lambda *a: step(*a), limits=limits)
+    got, want = fast(*args), jax.jit(step)(*args)
+    plan = fast.plan(*args)
+    assert plan.rules_fired["whole-window-dot"] == 2 and sum(n.op == "DotConv" for n in plan.nodes) == 2
+    assert not plan.overflow_guard  # `; @rounding`: the same terms summed in another order
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+        np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-4 * float(jnp.max(jnp.abs(a))))

@@ -124,13 +124,27 @@ def _gen_conv_grad(draw: DrawFn, prog: Program, wrt: str, depthwise: bool) -> in
     x_shape = prog.shapes[x]
     g = prog.fresh(tuple(jax.eval_shape(conv, *(jax.ShapeDtypeStruct(s, "float32") for s in (x_shape, kernel))).shape))
 
-    def transposed(fn: Callable[[Any], Any], shape: Shape, g: Any) -> Any:  # the transpose of linear fn at g
-        return jax.linear_transpose(fn, jax.ShapeDtypeStruct(shape, g.dtype))(g)[0]
-
     if wrt == "x":
         k = prog.pick(draw, lambda s: s == kernel, kernel)
-        return prog.apply(f"input_grad_{label}", lambda k, g: transposed(lambda v: conv(v, k), x_shape, g), k, g)
-    return prog.apply(f"weight_grad_{label}", lambda v, g: transposed(lambda k: conv(v, k), kernel, g), x, g)
+        return prog.apply(f"input_grad_{label}", lambda k, g: _transposed(lambda v: conv(v, k), x_shape, g), k, g)
+    return prog.apply(f"weight_grad_{label}", lambda v, g: _transposed(lambda k: conv(v, k), kernel, g), x, g)
+
+
+def _transposed(fn: Callable[[Any], Any], shape: Shape, g: Any) -> Any:
+    """The transpose of linear fn at g: jax's gradient of what fn computes."""
+    return jax.linear_transpose(fn, jax.ShapeDtypeStruct(shape, g.dtype))(g)[0]
+
+
+def _gen_pointwise_weight_grad(draw: DrawFn, prog: Program) -> int:
+    """The weight gradient of a 1x1 conv (stride 1, no padding) of 1-3 spatial axes, as jax transposes it: a conv
+    whose window covers its whole input, what kernel selection computes as one matrix product."""
+    x = _conv_input(draw, prog, 1)
+    _, *spatial, channels = prog.shapes[x]
+    ones = (1,) * len(spatial)
+    kernel = (*ones, channels, draw(st.integers(1, 4)))
+    conv = _conv_fn(ones, "VALID", ones, 1)
+    g = prog.fresh((prog.shapes[x][0], *spatial, kernel[-1]))
+    return prog.apply("weight_grad_conv1x1", lambda v, g: _transposed(lambda k: conv(v, k), kernel, g), x, g)
 
 
 def _gen_transposed(draw: DrawFn, prog: Program) -> int:
@@ -239,6 +253,7 @@ CONV: dict[str, Callable[[DrawFn, Program], int]] = {
     "conv-weight-grad": lambda draw, prog: _gen_conv_grad(draw, prog, "w", depthwise=False),
     "ShiftConvBG": lambda draw, prog: _gen_conv_grad(draw, prog, "w", depthwise=True),
     "PhaseConv": _gen_transposed,
+    "DotConv": _gen_pointwise_weight_grad,
     "OneHot": lambda draw, prog: _gen_one_hot(draw, prog, ""),
     "Take": lambda draw, prog: _gen_one_hot(draw, prog, "table"),
     "ScatterRows": lambda draw, prog: _gen_one_hot(draw, prog, "gradient"),
