@@ -42,6 +42,9 @@ FORMAT = "eqsat-census"
 VERSION = 2  # 2: the plan's own kernels (plan_kernels); a version 1 file reads with none
 # kernels alone adding up to more than this many times the program's time (or less than its inverse) are suspect
 _AGREE = 1.5
+# at least this many interleaved rounds end to end: a scale for the shares, not a decision (the guard's), so that
+# a training step of 0.7 s a round is timed in 2 s
+_END_TO_END_ROUNDS = 3
 # programs compiling longer than this are kept in jax's compilation cache by the profile command (the kernels
 # timed alone compile faster, and the timing cache keeps their times)
 _KEEP_COMPILES_OVER_S = 0.3
@@ -308,9 +311,9 @@ def take(
     seconds: float = 1.0,
     name: str = "",
 ) -> Census:
-    """The census of the plan's original program: its kernels timed alone (new ones within `measure_seconds` of
-    measuring), and, where `original` and `optimized` are given, both timed end to end on `args`, interleaved, for
-    `seconds` (0: not timed, nor compiled)."""
+    """The census of the plan's original program and of the plan: their kernels timed alone (new ones within
+    `measure_seconds` of measuring), and, where `original` and `optimized` are given, both timed end to end on
+    `args`, interleaved, for `seconds` (0: not timed, nor compiled)."""
     graph = plan.graph
     if graph is None:  # eqsat could not hold the program (the plan says why), or the plan was loaded from a file
         raise ValueError(
@@ -369,7 +372,7 @@ def take(
     _notes(census, plan, here)
     if original is not None and optimized is not None and seconds > 0:
         progress.begin("census", f"census: the original and the plan end to end ({seconds:g} s)")
-        result = compare(original, optimized, args, seconds=seconds)
+        result = compare(original, optimized, args, seconds=seconds, min_rounds=_END_TO_END_ROUNDS)
         census.original_s, census.plan_s, census.rounds = result.baseline_s, result.candidate_s, result.rounds
     return census
 
@@ -477,9 +480,10 @@ def profile(optimized: Any, args: tuple, measure_seconds: float | None = None, s
     start = time.perf_counter()
     options = optimized.options
     plan = optimized.plan(*args, prepared=False)  # the plan a call runs (its guard may keep the original)
-    original = jax.jit(optimized.fun, static_argnums=options.static_argnums)
+    original = optimized._calls.original_call(args)
     measure_seconds = options.limits.measure_seconds if measure_seconds is None else measure_seconds
     name = getattr(optimized.fun, "__name__", "")
-    census = take(plan, options.rules, measure_seconds, original, optimized, args, seconds, name)
+    call = functools.partial(optimized, *args)
+    census = take(plan, options.rules, measure_seconds, original, call, (), seconds, name)
     census.took_s = time.perf_counter() - start
     return census

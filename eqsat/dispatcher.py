@@ -245,6 +245,12 @@ class Dispatcher:
     def signature(self, args: tuple, kwargs: dict[str, Any]) -> tuple[list[Any], Signature]:
         return signature_of(args, kwargs, self.options.static_argnums, self.options.static_argnames)
 
+    def original_call(self, args: tuple) -> Callable[[], Any]:
+        """The captured program as jax.jit runs it, on these arguments: the program validation compiled (a census
+        timing it compiles nothing new where jax's compilation cache is kept)."""
+        flat, signature = self.signature(args, {})
+        return functools.partial(self.entry(signature).original, *flat)
+
     _unvalidated = per_thread("unvalidated", "The plans this thread's calls built or ran and have not validated yet.")
 
     _unbudgeted = per_thread("unbudgeted", "The plans this thread built since its last budget check.")
