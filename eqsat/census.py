@@ -23,12 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jax
-
 from eqsat import progress
 from eqsat.census_kernels import Unit, describe, measure_alone, unit_key, unit_roofline, units
 from eqsat.extract import timing
-from eqsat.extract.cost import Profile, cache_dir, load_profile, node_cost
+from eqsat.extract.cost import Profile, load_profile, node_cost
 from eqsat.extract.plan import Plan
 from eqsat.extract.views import seconds_text
 from eqsat.ir import Graph, Node
@@ -45,9 +43,6 @@ _AGREE = 1.5
 # at least this many interleaved rounds end to end: a scale for the shares, not a decision (the guard's), so that
 # a training step of 0.7 s a round is timed in 2 s
 _END_TO_END_ROUNDS = 3
-# programs compiling longer than this are kept in jax's compilation cache by the profile command (the kernels
-# timed alone compile faster, and the timing cache keeps their times)
-_KEEP_COMPILES_OVER_S = 0.3
 
 
 @dataclass(frozen=True)
@@ -323,41 +318,25 @@ def take(
     device = profile.timing_device or timing.local_device()
     cache = timing.cache_for(device)
     here = device == timing.local_device()
-    first, counts = _classes(graph)
-    program = plan.program()
-    plan_first, plan_counts = _classes(program)
-    progress.begin("census", f"census: the alternatives of {len(first)} kernel classes")
-    rivals = _rivals(graph, first, rules)
-    roofline = {key: unit_roofline(graph, unit, profile) for key, unit in first.items()}
-    plan_roofline = {key: unit_roofline(program, unit, profile) for key, unit in plan_first.items()}
+    before, after = _Classes.of(graph, profile), _Classes.of(plan.program(), profile)
+    progress.begin("census", f"census: the alternatives of {len(before.first)} kernel classes")
+    rivals = _rivals(graph, before.first, rules)
     # what to time: the kernels with alternatives first (and the alternatives), then by predicted time in all, then
     # the plan's own kernels
-    order = sorted(first, key=lambda k: (not rivals.get(k), -counts[k] * roofline[k]))
-    wanted = [w for key in order for w in (_wanted(graph, key, first[key]), *rivals.get(key, []))]
-    wanted += [_wanted(program, key, unit) for key, unit in plan_first.items()]
-    units_by_key = {key: (program, unit) for key, unit in plan_first.items()} | {
-        key: (graph, unit) for key, unit in first.items()
-    }
+    order = sorted(before.first, key=lambda k: (not rivals.get(k), -before.counts[k] * before.roofline[k]))
+    wanted = [w for key in order for w in (_wanted(graph, key, before.first[key]), *rivals.get(key, []))]
+    wanted += [_wanted(after.graph, key, unit) for key, unit in after.first.items()]
     compiling_done()  # the plan's original, compiled in the background for validation, is not timed beside them
     start = time.perf_counter()
-    counted = timing.measure(
-        cache, wanted, measure_seconds if here else 0.0, timer=functools.partial(_time, units_by_key)
-    )
+    timer = functools.partial(_time, after.units() | before.units())
+    counted = timing.measure(cache, wanted, measure_seconds if here else 0.0, timer=timer)
     measure_s = time.perf_counter() - start
     with cache.lock:
         entries = dict(cache.entries)
     too_fast = timing.too_fast_s() if None in entries.values() else math.inf
-    ran = {key: n for key, n in plan_counts.items() if plan_first[key].kind == "kernel"}
-    kernels = [
-        _kernel(graph, key, counts[key], roofline[key], rivals.get(key, []), ran, entries, too_fast, profile, unit)
-        for key, unit in first.items()
-    ]
-    plan_kernels = [
-        _kernel(program, key, plan_counts[key], plan_roofline[key], [], {}, entries, too_fast, profile, unit)
-        for key, unit in plan_first.items()
-    ]
-    for rows in (kernels, plan_kernels):
-        rows.sort(key=lambda k: (k.lost_s is None, -(k.lost_s or 0.0), -k.count * k.roofline_s))
+    ran = {key: n for key, n in after.counts.items() if after.first[key].kind == "kernel"}
+    kernels = before.rows(rivals, ran, entries, too_fast, profile)
+    plan_kernels = after.rows({}, {}, entries, too_fast, profile)
     census = Census(
         name=name,
         device=device,
@@ -375,6 +354,40 @@ def take(
         result = compare(original, optimized, args, seconds=seconds, min_rounds=_END_TO_END_ROUNDS)
         census.original_s, census.plan_s, census.rounds = result.baseline_s, result.candidate_s, result.rounds
     return census
+
+
+@dataclass(frozen=True)
+class _Classes:
+    """A program's kernel classes: each one's first occurrence, how often it occurs, its roofline price (once)."""
+
+    graph: Graph
+    first: dict[str, Unit]
+    counts: dict[str, int]
+    roofline: dict[str, float]
+
+    @classmethod
+    def of(cls, graph: Graph, profile: Profile) -> "_Classes":
+        first, counts = _classes(graph)
+        return cls(graph, first, counts, {key: unit_roofline(graph, unit, profile) for key, unit in first.items()})
+
+    def units(self) -> dict[str, tuple[Graph, Unit]]:
+        return {key: (self.graph, unit) for key, unit in self.first.items()}
+
+    def rows(
+        self,
+        rivals: dict[str, list[timing.Wanted]],
+        ran: dict[str, int],
+        entries: dict[str, float | None],
+        too_fast: float,
+        profile: Profile,
+    ) -> list[Kernel]:
+        """The census's rows, the most time lost against the roofline first."""
+        rows = [
+            _kernel(self.graph, key, self.counts[key], self.roofline[key], rivals.get(key, []), ran, entries,
+                    too_fast, profile, unit)
+            for key, unit in self.first.items()
+        ]  # fmt: skip
+        return sorted(rows, key=lambda k: (k.lost_s is None, -(k.lost_s or 0.0), -k.count * k.roofline_s))
 
 
 def _time(units: dict[str, tuple[Graph, Unit]], wanted: timing.Wanted) -> float | None:
@@ -462,16 +475,6 @@ def _kernel(
 
 def _wanted_roofline(wanted: timing.Wanted, node: Node, profile: Profile) -> float:
     return node_cost(wanted.op, list(wanted.in_shapes), node.shape, wanted.dtype, profile, wanted.attrs).seconds
-
-
-def keep_compiled() -> None:
-    """Keep this process's compiled programs in jax's persistent compilation cache, under eqsat's cache directory
-    (unless jax has one set already), so that a census run again compiles neither the original nor the plan (1.6 s
-    of MobileNetV2's 6.6 s). For the `profile` command's own process: jax reads the setting once, at its first
-    compile, and a user's process keeps jax's settings as they are."""
-    if jax.config.jax_compilation_cache_dir is None:
-        jax.config.update("jax_compilation_cache_dir", str(cache_dir() / "xla"))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", _KEEP_COMPILES_OVER_S)
 
 
 def profile(optimized: Any, args: tuple, measure_seconds: float | None = None, seconds: float = 1.0) -> Census:
