@@ -46,11 +46,21 @@ def _time_once(fn: Callable[..., Any], args: tuple, repeat: int) -> float:
 
 
 def median_time(
-    fn: Callable[..., Any], args: tuple, seconds: float = 0.5, min_rounds: int = 5, round_seconds: float = 0.02
+    fn: Callable[..., Any],
+    args: tuple,
+    seconds: float = 0.5,
+    min_rounds: int = 5,
+    round_seconds: float = 0.02,
+    warm: tuple[int, float] = (1, 0.0),
 ) -> float:
-    """Median seconds per call of one (already jitted) function, in rounds of at least `round_seconds` each."""
+    """Median seconds per call of one (already jitted) function, in rounds of at least `round_seconds` each, after
+    `warm` = (n, s): n calls (fewer where they take s seconds first) beside the one that compiles."""
     jax.block_until_ready(fn(*args))  # compiles
-    repeat = max(1, int(round_seconds / max(_time_once(fn, args, 1), 1e-6)))
+    warm_calls, warm_seconds = warm
+    calls = [_time_once(fn, args, 1)]
+    while len(calls) < warm_calls and sum(calls) < warm_seconds:
+        calls.append(_time_once(fn, args, 1))
+    repeat = max(1, int(round_seconds / max(calls[-1], 1e-6)))
     times: list[float] = []
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline or len(times) < min_rounds:

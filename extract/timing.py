@@ -40,8 +40,9 @@ from eqsat.sample import example_array
 from eqsat.saturate import Snapshot
 
 # 2: kernels too fast to measure listed in "too_fast" (1 wrote them as null timings); 3: an op with operand layouts
-# timed on operands made in them (2 timed ShiftConvBG with its transposes unfolded, 2-4x slow)
-FORMAT = 3
+# timed on operands made in them (2 timed ShiftConvBG with its transposes unfolded, 2-4x slow); 4: a large kernel
+# timed warm, in back-to-back calls (3 timed its first calls one at a time: up to 2x slow)
+FORMAT = 4
 Shape = tuple[int, ...]
 log = logging.getLogger("eqsat")
 
@@ -239,10 +240,16 @@ def kernel_program(wanted: Wanted) -> tuple[Callable[..., Any], tuple]:
     return jax.jit(kernel), args
 
 
+# kernel choices differ by integer factors: 3 rounds tell, of back-to-back calls as a program runs them (a call at a
+# time lets XLA's threads sleep in between: BERT's GEMMs timed up to 2x slow), once warm (a large kernel's first
+# calls run up to 2x slow: 4.5-9 ms, then 3.5 ms, for BERT's 128x3072 by 3072x768)
+_ROUND_S, _WARM = 0.01, (5, 0.02)
+
+
 def time_alone(fn: Callable[..., Any], args: tuple) -> float | None:
     """Median seconds of a few runs of a jitted kernel, call overhead off; None below two calls' overhead."""
     with jax.ensure_compile_time_eval():
-        seconds = median_time(fn, args, 0.0, 3, 0.002)  # kernel choices differ by integer factors: 3 runs tell
+        seconds = median_time(fn, args, 0.0, 3, _ROUND_S, _WARM)
         overhead = _call_overhead()
         return seconds - overhead if seconds > 3 * overhead else None
 
