@@ -125,10 +125,23 @@ def dot_conv(_a: "ConvAttrs", x: Any, w: Any) -> Any:
     is 1) as one matrix product, out[b, 1..., o] = sum over s, i of x[b, s, i] * w[s, i, o]: the weight gradient of
     a 1x1 conv, which XLA:CPU's conv kernel runs 2-6x slower than its GEMM (benches/RESULTS.md, session 16)."""
     r = x.ndim
+    y = _accumulated_dot(x, w, (tuple(range(1, r)), tuple(range(r - 1))))
+    return lax.reshape(y, (x.shape[0], *(1,) * (r - 2), w.shape[-1]))
+
+
+def pointwise_dot(_a: "ConvAttrs", x: Any, w: Any) -> Any:
+    """A 1x1 conv (stride 1, unpadded, undilated, one group) as one matrix product over the channels, out[b, s, o] =
+    sum over i of x[b, s, i] * w[1..., i, o]: XLA:CPU's conv kernel runs the pointwise convs of MobileNet and
+    EfficientNet 1.1-1.6x slower than its GEMM (benches/RESULTS.md, session 17)."""
+    return _accumulated_dot(x, lax.reshape(w, w.shape[-2:]), ((x.ndim - 1,), (0,)))
+
+
+def _accumulated_dot(x: Any, w: Any, contracting: tuple[tuple[int, ...], tuple[int, ...]]) -> Any:
+    """dot_general of x and w over these axes, accumulated as the conv kernel does (bf16 and f16 in f32, f64 in f64),
+    in their result type."""
     dtype = jnp.result_type(x.dtype, w.dtype)
-    acc = jnp.promote_types(dtype, jnp.float32)  # bf16/f16 accumulate in f32 as the conv kernel does, f64 in f64
-    y = lax.dot_general(x, w, ((tuple(range(1, r)), tuple(range(r - 1))), ((), ())), preferred_element_type=acc)
-    return lax.reshape(y, (x.shape[0], *(1,) * (r - 2), w.shape[-1])).astype(dtype)
+    acc = jnp.promote_types(dtype, jnp.float32)
+    return lax.dot_general(x, w, (contracting, ((), ())), preferred_element_type=acc).astype(dtype)
 
 
 def bg_operand_layouts(rank: int) -> tuple[Shape, Shape]:

@@ -504,6 +504,8 @@ OPS: dict[str, OpSpec] = {
         _conv_op("ShiftConv", kernels.shifted_conv, alternative=True),
         # The same attributes, a conv whose window covers its whole input (a 1x1 conv's weight gradient) as one GEMM
         _conv_op("DotConv", kernels.dot_conv, alternative=True),
+        # The same attributes, a 1x1 conv (stride 1, unpadded, one group) as one GEMM over the channels
+        _conv_op("PointwiseDot", kernels.pointwise_dot, alternative=True),
         # The same attributes, a grouped conv (several input channels per group) as stacked shifted patches and one
         # contraction batched over the groups.
         _conv_op("PatchConv", kernels.patch_conv, alternative=True),

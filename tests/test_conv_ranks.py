@@ -20,7 +20,7 @@ from eqsat.saturate import Saturation, saturate
 
 RNG = np.random.default_rng(26)
 LAYOUTS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
-CONVS = ("Conv", "ShiftConv", "PatchConv", "ShiftConvBG", "PhaseConv", "DotConv")
+CONVS = ("Conv", "ShiftConv", "PatchConv", "ShiftConvBG", "PhaseConv", "DotConv", "PointwiseDot")
 
 
 def normal(*shape: int) -> jax.Array:
@@ -190,6 +190,22 @@ def test_the_weight_gradients_of_1x1_convs_of_every_rank_are_one_matrix_product(
 
     plan = _planned_with_alternatives_winning(jax.grad(loss, argnums=(0, 1, 2)), (w1, w3, w2), decide_timings)
     assert plan.rules_fired["whole-window-dot"] == 2 and sum(n.op == "DotConv" for n in plan.nodes) == 2
+    assert not plan.overflow_guard  # `; @rounding`: the same terms summed in another order
+
+
+def test_1x1_convs_of_every_rank_are_one_matrix_product_over_the_channels(decide_timings):
+    """A 1x1 conv (stride 1, unpadded) is PointwiseDot, one dot_general over the channels; a strided one is not."""
+    x1, w1 = normal(2, 16, 6), normal(1, 6, 5) * 0.5
+    x3, w3 = normal(2, 4, 6, 6, 3), normal(1, 1, 1, 3, 4) * 0.5
+    x2, w2 = normal(2, 8, 8, 3), normal(1, 1, 3, 4) * 0.5
+
+    def layers(x1: Any, x3: Any, x2: Any) -> tuple:
+        strided = conv(x2, w2, (2, 2), "VALID", 1)
+        return jnp.tanh(conv(x1, w1, (1,), "VALID", 1)), jnp.tanh(conv(x3, w3, (1, 1, 1), "VALID", 1)), strided
+
+    plan = _planned_with_alternatives_winning(layers, (x1, x3, x2), decide_timings)
+    assert plan.rules_fired["pointwise-conv-dot"] == 2
+    assert sorted(n.op for n in plan.nodes if n.op in CONVS) == ["Conv", "PointwiseDot", "PointwiseDot"]
     assert not plan.overflow_guard  # `; @rounding`: the same terms summed in another order
 
 

@@ -147,6 +147,15 @@ def _gen_pointwise_weight_grad(draw: DrawFn, prog: Program) -> int:
     return prog.apply("weight_grad_conv1x1", lambda v, g: _transposed(lambda k: conv(v, k), kernel, g), x, g)
 
 
+def _gen_pointwise(draw: DrawFn, prog: Program) -> int:
+    """A 1x1 conv (stride 1, no padding) of 1-3 spatial axes: what kernel selection computes as one matrix product
+    over the channels."""
+    x = _conv_input(draw, prog, 1)
+    ones = (1,) * (len(prog.shapes[x]) - 2)
+    kernel = (*ones, prog.shapes[x][-1], draw(st.integers(1, 4)))
+    return prog.apply("conv1x1", _conv_fn(ones, "VALID", ones, 1), x, prog.pick(draw, lambda s: s == kernel, kernel))
+
+
 def _gen_transposed(draw: DrawFn, prog: Program) -> int:
     """lax.conv_transpose of 1-3 spatial axes, stride 2 or 3, VALID or SAME: an lhs-dilated conv, what kernel
     selection computes as its phases."""
@@ -254,6 +263,7 @@ CONV: dict[str, Callable[[DrawFn, Program], int]] = {
     "ShiftConvBG": lambda draw, prog: _gen_conv_grad(draw, prog, "w", depthwise=True),
     "PhaseConv": _gen_transposed,
     "DotConv": _gen_pointwise_weight_grad,
+    "PointwiseDot": _gen_pointwise,
     "OneHot": lambda draw, prog: _gen_one_hot(draw, prog, ""),
     "Take": lambda draw, prog: _gen_one_hot(draw, prog, "table"),
     "ScatterRows": lambda draw, prog: _gen_one_hot(draw, prog, "gradient"),
