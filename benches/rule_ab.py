@@ -49,7 +49,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{work.name}: {args.rule} ({group}) fired {plan.rules_fired.get(args.rule, 0)} times; the plan is kept: "
           f"{(plan.measured or {}).get('kept')}")  # fmt: skip
     for _ in range(args.rounds):
-        print(f"  with {args.rule} against without: {compare(less, full, work.args, args.seconds)}", flush=True)
+        c = compare(less, full, work.args, args.seconds)
+        print(f"  with {args.rule} against without: {c.ratio:.2f}x (IQR {c.ratio_low:.2f}-{c.ratio_high:.2f}, "
+              f"{c.rounds} interleaved rounds; {c.candidate_s * 1e3:.3f} ms with it, {c.baseline_s * 1e3:.3f} ms "
+              "without)", flush=True)  # fmt: skip
     print(f"  against jax.jit: {compare(jax.jit(work.fn), full, work.args, args.seconds)}")
 
 
