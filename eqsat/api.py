@@ -91,12 +91,14 @@ class Optimized:
         _, signature = self._calls.signature(args, kwargs)
         return self._calls.entry(signature, bool(self.options.params_argnums) if prepared is None else prepared).plan
 
-    def profile(self, *args: Any) -> Any:
+    def profile(self, *args: Any, measure_seconds: float | None = None, seconds: float = 1.0) -> Any:
         """The kernel census at these arguments (eqsat/census.py): every kernel of the program timed alone against
-        its roofline, the alternatives the plan chose, the program end to end; prints as a table, saves as JSON."""
+        its roofline, the alternatives the plan chose, the program end to end; prints as a table, saves as JSON.
+        `measure_seconds`: measuring new kernels at most (default Limits.measure_seconds); `seconds`: timing the
+        program end to end (0: not timed)."""
         from eqsat import census  # imported where it is used: planning and calls never load it
 
-        return census.profile(self, args)
+        return census.profile(self, args, self._calls.original_call, measure_seconds, seconds)
 
     def memory(self, *args: Any, **kwargs: Any) -> MemoryReport:
         """Memory of the plan for these arguments: liveness, best-fit arena, lower bound, a memory-aware order

@@ -477,13 +477,20 @@ def _wanted_roofline(wanted: timing.Wanted, node: Node, profile: Profile) -> flo
     return node_cost(wanted.op, list(wanted.in_shapes), node.shape, wanted.dtype, profile, wanted.attrs).seconds
 
 
-def profile(optimized: Any, args: tuple, measure_seconds: float | None = None, seconds: float = 1.0) -> Census:
+def profile(
+    optimized: Any,
+    args: tuple,
+    original_of: Callable[[tuple], Callable[[], Any]],
+    measure_seconds: float | None = None,
+    seconds: float = 1.0,
+) -> Census:
     """The census of an optimized function (eqsat.optimize's result) at these arguments: its plan (built now if
-    need be), every kernel timed alone, and the original and what eqsat runs timed end to end."""
+    need be), every kernel timed alone, and the original (`original_of(args)`: the captured program as jax.jit runs
+    it, on args) and what eqsat runs timed end to end."""
     start = time.perf_counter()
     options = optimized.options
     plan = optimized.plan(*args, prepared=False)  # the plan a call runs (its guard may keep the original)
-    original = optimized._calls.original_call(args)
+    original = original_of(args)
     measure_seconds = options.limits.measure_seconds if measure_seconds is None else measure_seconds
     name = getattr(optimized.fun, "__name__", "")
     call = functools.partial(optimized, *args)

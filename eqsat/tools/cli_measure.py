@@ -106,7 +106,7 @@ def _profile(args: argparse.Namespace) -> int:
         keep_compiled()
     with progress.live_progress(None if args.progress else False):
         fast = eqsat.optimize(work.fn, target=args.target, background=False)
-        found = census.profile(fast, work.args, measure_seconds=args.budget, seconds=args.seconds)
+        found = fast.profile(*work.args, measure_seconds=args.budget, seconds=args.seconds)
     found.name = work.name
     census.echo(found)
     if args.json:
