@@ -15,7 +15,7 @@ import jax
 import eqsat
 from eqsat.measure import compare
 from eqsat.rule_sources import builtin_groups, keeping, rule_names
-from eqsat.tools.versus import settled
+from eqsat.tools.versus import ready
 
 
 def without_rule(rule: str) -> tuple[str, str]:
@@ -39,9 +39,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def built(**options: Any) -> eqsat.Optimized:
         fast = eqsat.optimize(work.fn, **options)
-        fast.plan(*work.args)
-        jax.block_until_ready(fast(*work.args))  # validates the plan and times it against the original
-        settled(fast, work.args)
+        ready(fast, work.args)
         return fast
 
     less, full = built(rules=[text], disabled_rules=[group]), built()

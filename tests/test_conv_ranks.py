@@ -179,9 +179,7 @@ def test_a_flax_conv_transpose_decoder_gets_the_phase_form(decide_timings):
 def test_the_weight_gradients_of_1x1_convs_of_every_rank_are_one_matrix_product(decide_timings):
     """A 1x1 conv's weight gradient is a conv whose window covers its whole input: DotConv, one dot_general over
     its spatial and batch axes; a strided or padded 1x1 conv's is not (its window does not cover the input)."""
-    x1, w1 = normal(2, 16, 6), normal(1, 6, 5) * 0.5
-    x3, w3 = normal(2, 4, 6, 6, 3), normal(1, 1, 1, 3, 4) * 0.5
-    x2, w2 = normal(2, 8, 8, 3), normal(1, 1, 3, 4) * 0.5
+    (x1, w1), (x3, w3), (x2, w2) = _pointwise_operands()
 
     def loss(w1: Any, w3: Any, w2: Any) -> Any:
         pointwise = jnp.tanh(conv(x1, w1, (1,), "VALID", 1)) + jnp.sum(jnp.tanh(conv(x3, w3, (1, 1, 1), "VALID", 1)))
@@ -195,9 +193,7 @@ def test_the_weight_gradients_of_1x1_convs_of_every_rank_are_one_matrix_product(
 
 def test_1x1_convs_of_every_rank_are_one_matrix_product_over_the_channels(decide_timings):
     """A 1x1 conv (stride 1, unpadded) is PointwiseDot, one dot_general over the channels; a strided one is not."""
-    x1, w1 = normal(2, 16, 6), normal(1, 6, 5) * 0.5
-    x3, w3 = normal(2, 4, 6, 6, 3), normal(1, 1, 1, 3, 4) * 0.5
-    x2, w2 = normal(2, 8, 8, 3), normal(1, 1, 3, 4) * 0.5
+    (x1, w1), (x3, w3), (x2, w2) = _pointwise_operands()
 
     def layers(x1: Any, x3: Any, x2: Any) -> tuple:
         strided = conv(x2, w2, (2, 2), "VALID", 1)
@@ -207,6 +203,15 @@ def test_1x1_convs_of_every_rank_are_one_matrix_product_over_the_channels(decide
     assert plan.rules_fired["pointwise-conv-dot"] == 2
     assert sorted(n.op for n in plan.nodes if n.op in CONVS) == ["Conv", "PointwiseDot", "PointwiseDot"]
     assert not plan.overflow_guard  # `; @rounding`: the same terms summed in another order
+
+
+def _pointwise_operands() -> tuple:
+    """Inputs and 1x1 kernels of rank 1 and 3 (stride 1 in the tests) and of rank 2 (strided in the tests)."""
+    return (
+        (normal(2, 16, 6), normal(1, 6, 5) * 0.5),
+        (normal(2, 4, 6, 6, 3), normal(1, 1, 1, 3, 4) * 0.5),
+        (normal(2, 8, 8, 3), normal(1, 1, 3, 4) * 0.5),
+    )
 
 
 def _planned_with_alternatives_winning(step: Any, args: tuple, decide_timings: Any) -> Any:

@@ -135,25 +135,26 @@ def _transposed(fn: Callable[[Any], Any], shape: Shape, g: Any) -> Any:
     return jax.linear_transpose(fn, jax.ShapeDtypeStruct(shape, g.dtype))(g)[0]
 
 
+def _pointwise_conv(draw: DrawFn, prog: Program) -> tuple[int, Shape, Callable[[Any, Any], Any]]:
+    """An input of 1-3 spatial axes, a 1x1 kernel's shape for it, and the conv (stride 1, no padding)."""
+    x = _conv_input(draw, prog, 1)
+    ones = (1,) * (len(prog.shapes[x]) - 2)
+    return x, (*ones, prog.shapes[x][-1], draw(st.integers(1, 4))), _conv_fn(ones, "VALID", ones, 1)
+
+
 def _gen_pointwise_weight_grad(draw: DrawFn, prog: Program) -> int:
     """The weight gradient of a 1x1 conv (stride 1, no padding) of 1-3 spatial axes, as jax transposes it: a conv
     whose window covers its whole input, what kernel selection computes as one matrix product."""
-    x = _conv_input(draw, prog, 1)
-    _, *spatial, channels = prog.shapes[x]
-    ones = (1,) * len(spatial)
-    kernel = (*ones, channels, draw(st.integers(1, 4)))
-    conv = _conv_fn(ones, "VALID", ones, 1)
-    g = prog.fresh((prog.shapes[x][0], *spatial, kernel[-1]))
+    x, kernel, conv = _pointwise_conv(draw, prog)
+    g = prog.fresh((*prog.shapes[x][:-1], kernel[-1]))
     return prog.apply("weight_grad_conv1x1", lambda v, g: _transposed(lambda k: conv(v, k), kernel, g), x, g)
 
 
 def _gen_pointwise(draw: DrawFn, prog: Program) -> int:
     """A 1x1 conv (stride 1, no padding) of 1-3 spatial axes: what kernel selection computes as one matrix product
     over the channels."""
-    x = _conv_input(draw, prog, 1)
-    ones = (1,) * (len(prog.shapes[x]) - 2)
-    kernel = (*ones, prog.shapes[x][-1], draw(st.integers(1, 4)))
-    return prog.apply("conv1x1", _conv_fn(ones, "VALID", ones, 1), x, prog.pick(draw, lambda s: s == kernel, kernel))
+    x, kernel, conv = _pointwise_conv(draw, prog)
+    return prog.apply("conv1x1", conv, x, prog.pick(draw, lambda s: s == kernel, kernel))
 
 
 def _gen_transposed(draw: DrawFn, prog: Program) -> int:

@@ -22,6 +22,14 @@ def settled(fast: eqsat.Optimized, args: tuple) -> eqsat.Plan:
     return plan
 
 
+def ready(fast: eqsat.Optimized, args: tuple) -> eqsat.Plan:
+    """The plan for args built here (a first call alone leaves a slow plan to the background), validated and timed
+    against the original by a first call, and settled: what runs from then on."""
+    fast.plan(*args)
+    jax.block_until_ready(fast(*args))
+    return settled(fast, args)
+
+
 def against_jit(
     work: Workload, target: str = "cpu", prepared: bool = True, seconds: float = 2.0
 ) -> tuple[Comparison, eqsat.Optimized]:
@@ -33,9 +41,7 @@ def against_jit(
     prepared = prepared and bool(work.params_argnums)
     fast = eqsat.optimize(work.fn, target=target, params_argnums=work.params_argnums if prepared else ())
     if not prepared:
-        fast.plan(*work.args)  # built here: a first call alone leaves a slow plan to the background
-        jax.block_until_ready(fast(*work.args))  # validates the plan and times it against the original
-        settled(fast, work.args)
+        ready(fast, work.args)
         return compare(baseline, fast, work.args, seconds), fast
     params = [work.args[i] for i in work.params_argnums]
     rest = tuple(a for i, a in enumerate(work.args) if i not in work.params_argnums)
