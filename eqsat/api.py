@@ -98,7 +98,7 @@ class Optimized:
         program end to end (0: not timed)."""
         from eqsat import census  # imported where it is used: planning and calls never load it
 
-        return census.profile(self, args, self._calls.original_call, measure_seconds, seconds)
+        return census.profile(self, args, self._calls.programs, measure_seconds, seconds)
 
     def memory(self, *args: Any, **kwargs: Any) -> MemoryReport:
         """Memory of the plan for these arguments: liveness, best-fit arena, lower bound, a memory-aware order

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from eqsat import progress
 from eqsat.census_kernels import Unit, describe, measure_alone, unit_key, unit_roofline, units
 from eqsat.extract import timing
@@ -35,6 +37,7 @@ from eqsat.ops import VAR
 from eqsat.planning import compiling_done
 from eqsat.rule_sources import RuleSource
 from eqsat.saturate import Saturation, saturate
+from eqsat.tolerance import comparable, mismatch
 
 FORMAT = "eqsat-census"
 VERSION = 2  # 2: the plan's own kernels (plan_kernels); a version 1 file reads with none
@@ -43,6 +46,7 @@ _AGREE = 1.5
 # at least this many interleaved rounds end to end: a scale for the shares, not a decision (the guard's), so that
 # a training step of 0.7 s a round is timed in 2 s
 _END_TO_END_ROUNDS = 3
+_AGREED = "the plan's results agree with the original's on these arguments (a census does not validate: calls do)"
 
 
 @dataclass(frozen=True)
@@ -192,18 +196,15 @@ class Census:
         return out.getvalue().rstrip("\n")
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        return {"format": FORMAT, "version": VERSION, **data}
+        return {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        return path
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return Path(path)
 
 
 def echo(renderable: Any) -> None:
     """Print a census or table on stdout: as wide as a terminal, else 200 columns (a file keeps whole rows)."""
-
     from rich.console import Console
 
     Console(width=None if sys.stdout.isatty() else 200).print(renderable)
@@ -300,15 +301,14 @@ def take(
     plan: Plan,
     rules: Sequence[RuleSource],
     measure_seconds: float,
-    original: Callable[..., Any] | None = None,
-    optimized: Callable[..., Any] | None = None,
-    args: tuple = (),
+    programs: tuple[Callable[[], Any], Callable[[], Any]] | None = None,
     seconds: float = 1.0,
     name: str = "",
 ) -> Census:
     """The census of the plan's original program and of the plan: their kernels timed alone (new ones within
-    `measure_seconds` of measuring), and, where `original` and `optimized` are given, both timed end to end on
-    `args`, interleaved, for `seconds` (0: not timed, nor compiled)."""
+    `measure_seconds` of measuring), and, where `programs` (the original and the plan's, bound to arguments) are
+    given, both timed end to end, interleaved, for `seconds` (0: not timed, nor compiled), their results
+    compared once."""
     graph = plan.graph
     if graph is None:  # eqsat could not hold the program (the plan says why), or the plan was loaded from a file
         raise ValueError(
@@ -349,9 +349,12 @@ def take(
         measure_s=measure_s,
     )
     _notes(census, plan, here)
-    if original is not None and optimized is not None and seconds > 0:
+    if programs is not None and seconds > 0:
         progress.begin("census", f"census: the original and the plan end to end ({seconds:g} s)")
-        result = compare(original, optimized, args, seconds=seconds, min_rounds=_END_TO_END_ROUNDS)
+        expected, got = (comparable(jax.tree.leaves(jax.block_until_ready(run()))) for run in programs)
+        problem = mismatch(expected, got)
+        census.notes.append(f"the plan's results differ from the original's: {problem}" if problem else _AGREED)
+        result = compare(*programs, (), seconds=seconds, min_rounds=_END_TO_END_ROUNDS, warm=True)
         census.original_s, census.plan_s, census.rounds = result.baseline_s, result.candidate_s, result.rounds
     return census
 
@@ -480,20 +483,18 @@ def _wanted_roofline(wanted: timing.Wanted, node: Node, profile: Profile) -> flo
 def profile(
     optimized: Any,
     args: tuple,
-    original_of: Callable[[tuple], Callable[[], Any]],
+    programs_of: Callable[[tuple], tuple[Callable[[], Any], Callable[[], Any]]],
     measure_seconds: float | None = None,
     seconds: float = 1.0,
 ) -> Census:
     """The census of an optimized function (eqsat.optimize's result) at these arguments: its plan (built now if
-    need be), every kernel timed alone, and the original (`original_of(args)`: the captured program as jax.jit runs
-    it, on args) and what eqsat runs timed end to end."""
+    need be), every kernel timed alone, and the original and the plan's program (`programs_of(args)`: the captured
+    program as jax.jit runs it and the plan's, on args) timed end to end."""
     start = time.perf_counter()
     options = optimized.options
     plan = optimized.plan(*args, prepared=False)  # the plan a call runs (its guard may keep the original)
-    original = original_of(args)
     measure_seconds = options.limits.measure_seconds if measure_seconds is None else measure_seconds
     name = getattr(optimized.fun, "__name__", "")
-    call = functools.partial(optimized, *args)
-    census = take(plan, options.rules, measure_seconds, original, call, (), seconds, name)
+    census = take(plan, options.rules, measure_seconds, programs_of(args), seconds, name)
     census.took_s = time.perf_counter() - start
     return census

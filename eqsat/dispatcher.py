@@ -245,11 +245,13 @@ class Dispatcher:
     def signature(self, args: tuple, kwargs: dict[str, Any]) -> tuple[list[Any], Signature]:
         return signature_of(args, kwargs, self.options.static_argnums, self.options.static_argnames)
 
-    def original_call(self, args: tuple) -> Callable[[], Any]:
-        """The captured program as jax.jit runs it, on these arguments: the program validation compiled (a census
-        timing it compiles nothing new where jax's compilation cache is kept)."""
+    def programs(self, args: tuple) -> tuple[Callable[[], list[Any]], Callable[[], list[Any]]]:
+        """The captured program as jax.jit runs it (the one validation compiles) and the plan's program (the
+        original where no plan runs), bound to these arguments: what a census times, apart from a call's
+        validation and the guard's live rounds (one call in guard.LIVE_EVERY would time both programs)."""
         flat, signature = self.signature(args, {})
-        return functools.partial(self.entry(signature).original, *flat)
+        entry = self.entry(signature)
+        return functools.partial(entry.original, *flat), functools.partial(entry.runs or entry.original, *flat)
 
     _unvalidated = per_thread("unvalidated", "The plans this thread's calls built or ran and have not validated yet.")
 

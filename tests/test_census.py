@@ -191,3 +191,23 @@ def test_a_census_saved_before_the_plans_kernels_reads_with_none(tmp_path):
     assert old.plan_kernels == [] and old.kernels == found.kernels
     with pytest.raises(ValueError, match="not an eqsat census of version 2 or older"):
         census.census_from_dict({**data, "version": 3})
+
+
+def test_the_census_times_the_plans_program_apart_from_calls_and_compares_results_once():
+    """The plan's program is timed alone, not through calls (whose first validates and times the plan, and whose
+    undecided guard would time both programs one call in eight); its results are compared with the original's."""
+    fast, args = eqsat.optimize(depthwise, limits=eqsat.Limits(guard_seconds=0.05)), _depthwise_args()
+    found = fast.profile(*args)
+    assert found.plan_s and found.original_s and census._AGREED in found.notes
+    assert fast.plan(*args).measured is None  # no call ran: the guard never timed it
+    fast(*args)
+    assert fast.plan(*args).measured["source"] == "first call"
+
+
+def test_a_wrong_plan_is_named_by_the_census_and_still_refused_by_the_first_call():
+    fast = eqsat.optimize(lambda a, b: jnp.tanh(a + b), rules=['(rewrite (Tanh x) x :name "wrong")'])
+    a, b = jnp.full((64,), 0.5), jnp.full((64,), 1.0)
+    found = fast.profile(a, b)
+    assert any(note.startswith("the plan's results differ from the original's: result 0:") for note in found.notes)
+    with pytest.warns(eqsat.EqsatWarning, match="wrong"):
+        assert jnp.allclose(fast(a, b), jnp.tanh(a + b))
