@@ -133,6 +133,16 @@ def test_cli_profile_prints_the_table_and_saves_json(tmp_path, capsys):
     assert census.load_census(out).kernels[0].name == "Conv"
 
 
+def test_cli_profile_plans_with_its_budget_at_these_very_shapes(monkeypatch):
+    """The plan's kernel choices measured as the census times them: within --budget, none priced from other shapes."""
+    built = []
+    optimize = eqsat.optimize
+    monkeypatch.setattr(eqsat, "optimize", lambda *a, **k: built.append(k["limits"]) or optimize(*a, **k))
+    argv = ["profile", "test_census:depthwise", "--args", "f32[2,16,16,8]", "f32[3,3,1,8]", "--seconds", "0"]
+    assert main([*argv, "--budget", "7", "--no-progress"]) == 0
+    assert [(limits.measure_seconds, limits.timing_transfer) for limits in built] == [(7.0, 0.0)]
+
+
 def test_compare_shows_two_censuses_side_by_side(tmp_path, capsys):
     args = _depthwise_args()
     found = eqsat.optimize(depthwise).profile(*args)
