@@ -295,3 +295,19 @@ def test_a_kernel_too_fast_to_measure_passes_that_on_to_smaller_shapes_only(cach
 
     prices = timing.transferred(cache, [wanted(1), wanted(3)], load_profile("cpu"), 4.0)
     assert prices == {wanted(1).key: None}  # batch 3 may be slow enough to measure: it is measured
+
+
+def test_choices_are_measured_largest_stake_first_each_with_its_rivals(cache_dir):
+    """A budget that runs out leaves the smallest choices to the roofline, never one rival of a large choice."""
+
+    def wanted(op: str, batch: int) -> timing.Wanted:
+        shapes = ((batch, 40, 40, 16), W.shape)
+        return timing.Wanted(node_key(op, CONV_ATTRS, list(shapes), "float32"), op, CONV_ATTRS, shapes, "float32",
+                             ("float32", "float32"), f"batch {batch}")  # fmt: skip
+
+    small, large = [wanted(op, 1) for op in ("Conv", "ShiftConv")], [wanted(op, 8) for op in ("Conv", "ShiftConv")]
+    ordered = timing.by_stake([small[0], large[0], small[1], large[1]], load_profile("cpu"))
+    assert ordered == [*large, *small]
+    measured = []
+    counts = timing.measure(timing.cache_for("cpu:cpu"), ordered, 1.0, timer=lambda w: measured.append(w) or 1.0)
+    assert measured == ordered and counts["measured"] == 4
