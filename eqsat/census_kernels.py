@@ -126,15 +126,21 @@ def unit_key(graph: Graph, unit: Unit) -> str:
     described = []
     for i in unit.nodes:
         node = graph.nodes[i]
-        what: Any = node.attrs
+        what: Any = _plain(node.attrs)
         if node.op == OPAQUE:
             call = graph.opaque[node.attrs[0]]
             what = (call.primitive.name, sorted(call.params.items(), key=lambda kv: kv[0]))
-        described.append((node.op, what, [where[j] for j in node.inputs], node.shape, node.dtype))
+        described.append((node.op, what, [where[j] for j in node.inputs], _plain(node.shape), node.dtype))
     described.append(("out", [where[i] for i in unit.outputs]))
     text = _ADDRESS.sub("", repr(described)) + repr([graph.nodes[j].dtype for j in unit.inputs])
     digest = hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
     return node_key(f"census:{unit.kind}", (digest,), in_shapes, first.dtype)
+
+
+def _plain(value: Any) -> Any:
+    """Attributes and shapes as plain tuples, so a key is the same for a plan built here and one loaded from the
+    plan store (named tuples such as ConvAttrs there, lists from JSON)."""
+    return tuple(map(_plain, value)) if isinstance(value, (tuple, list)) else value
 
 
 def unit_roofline(graph: Graph, unit: Unit, profile: Profile) -> float:

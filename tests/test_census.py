@@ -4,13 +4,14 @@ Kernels are timed by stand-ins (a depthwise convolution slow, every other kernel
 still compiled and run alone), so that the plan's choice and the table's figures do not follow the machine's load."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import eqsat
-from eqsat import census
+from eqsat import census, census_kernels
 from eqsat.__main__ import main
 from eqsat.extract import timing
 from eqsat.extract.cost import load_profile, node_cost
@@ -221,3 +222,16 @@ def test_a_wrong_plan_is_named_by_the_census_and_still_refused_by_the_first_call
     assert any(note.startswith("the plan's results differ from the original's: result 0:") for note in found.notes)
     with pytest.warns(eqsat.EqsatWarning, match="wrong"):
         assert jnp.allclose(fast(a, b), jnp.tanh(a + b))
+
+
+def test_a_plan_loaded_from_the_store_is_keyed_as_one_built_here():
+    """Attributes and shapes read back from JSON (lists) or made as named tuples key each kernel as plain tuples do:
+    a census of a stored plan finds the kernels the census of the plan as built measured."""
+    graph = eqsat.optimize(depthwise).plan(*_depthwise_args()).program()
+    as_json = dataclasses.replace(
+        graph, nodes=[dataclasses.replace(n, attrs=json.loads(json.dumps(n.attrs, default=str)),
+                                          shape=None if n.shape is None else list(n.shape)) for n in graph.nodes]
+    )  # fmt: skip
+    found = census_kernels.units(graph)
+    assert any(unit.kind == "fused" for unit in found)
+    assert [census_kernels.unit_key(as_json, u) for u in found] == [census_kernels.unit_key(graph, u) for u in found]
