@@ -163,6 +163,9 @@ def test_kernels_far_from_the_program_are_flagged_and_a_plan_without_program_is_
     assert "far from the program's time" in str(far)  # 4 ms of kernels in a 1 ms program
     near = census.Census("f", "cpu:cpu", "cpu", [kernel], original_s=4e-3, plan_s=1e-3, rounds=5)
     assert "far from" not in str(near) and near.share(kernel) == pytest.approx(1.0)
+    plan_far = dataclasses.replace(near, plan_kernels=[kernel], plan_s=10e-3)  # 4 ms of the plan's kernels in 10 ms
+    assert "far from the program's time" in str(plan_far)
+    assert "far from" not in str(dataclasses.replace(plan_far, plan_s=4e-3))
     plan = eqsat.optimize(depthwise).plan(*_depthwise_args())
     with pytest.raises(ValueError, match="no census: the plan holds no program"):
         census.take(dataclasses.replace(plan, graph=None), rules=(), measure_seconds=0)
