@@ -4,6 +4,7 @@ machines, and prices that decide the plan."""
 import dataclasses
 import errno
 import json
+import time
 import warnings
 from pathlib import Path
 
@@ -311,3 +312,17 @@ def test_choices_are_measured_largest_stake_first_each_with_its_rivals(cache_dir
     measured = []
     counts = timing.measure(timing.cache_for("cpu:cpu"), ordered, 1.0, timer=lambda w: measured.append(w) or 1.0)
     assert measured == ordered and counts["measured"] == 4
+
+
+def test_a_budget_running_out_still_measures_the_rivals_of_the_choice_under_way(cache_dir):
+    def wanted(op: str, eclass: str) -> timing.Wanted:
+        return timing.Wanted(f"{op} {eclass}", op, CONV_ATTRS, (X.shape, W.shape), "float32", ("float32",) * 2, eclass)
+
+    def slow(w: timing.Wanted) -> float:
+        time.sleep(0.02)
+        return 1.0
+
+    choices = [wanted("Conv", "a"), wanted("ShiftConv", "a"), wanted("Conv", "b"), wanted("ShiftConv", "b")]
+    counts = timing.measure(timing.cache_for("cpu:cpu"), choices, 0.01, timer=slow)
+    assert (counts["measured"], counts["skipped"]) == (2, 2)
+    assert set(timing.cache_for("cpu:cpu").entries) == {"Conv a", "ShiftConv a"}
