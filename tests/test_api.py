@@ -16,28 +16,32 @@ def _close(a, b, rtol=2e-3):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=rtol * float(np.max(np.abs(y))))
 
 
-# example -> (target, the op its plan must rewrite); conv_bn's fold pays on GPUs, not on XLA:CPU
+# example -> (target, the ops its plan must rewrite one of); conv_bn's fold pays on GPUs, not on XLA:CPU; inception's
+# merged 1x1 convs run as one conv or as its PointwiseDot
 EXPECTED = {
-    "matmul_chain": ("cpu", "Dot"),
-    "distributivity": ("cpu", "Dot"),
-    "nasrnn_cell": ("cpu", "Dot"),
-    "nasrnn_5_steps": ("cpu", "Dot"),
-    "inception_siblings": ("cpu", "Conv"),
-    "conv_bn": ("h100", "Conv"),
+    "matmul_chain": ("cpu", ("Dot",)),
+    "distributivity": ("cpu", ("Dot",)),
+    "nasrnn_cell": ("cpu", ("Dot",)),
+    "nasrnn_5_steps": ("cpu", ("Dot",)),
+    "inception_siblings": ("cpu", ("Conv", "PointwiseDot")),
+    "conv_bn": ("h100", ("Conv",)),
 }
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
 def test_examples_rewrite_and_match(name):
     work = WORKLOADS[name]("small")
-    target, op = EXPECTED[name]
-    fast = eqsat.optimize(work.fn, target=target, params_argnums=work.params_argnums)
+    target, ops = EXPECTED[name]
+    # kernels priced by roofline: a choice measured on a loaded machine (inception's 1x1 convs against their
+    # PointwiseDot rivals) follows the load, and then whether the sibling convs merge does too
+    limits = eqsat.Limits(measure_seconds=0)
+    fast = eqsat.optimize(work.fn, target=target, params_argnums=work.params_argnums, limits=limits)
     run = fast.prepare(*[work.args[i] for i in work.params_argnums]) if work.params_argnums else fast
     rest = [a for i, a in enumerate(work.args) if i not in work.params_argnums]
     _close(run(*rest), work.fn(*work.args))
     plan = fast.plan(*work.args)
     assert plan.fallback is None
-    assert plan.rewritten_ops().get(op, 0) >= 1
+    assert sum(plan.rewritten_ops().get(op, 0) for op in ops) >= 1
     assert plan.predicted_speedup > 1.05
 
 
