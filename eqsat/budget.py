@@ -57,4 +57,4 @@ def rematerialize(planner: Planner, entry: Entry, call_args: tuple) -> Callable[
     tree = jax.tree_util.tree_structure(list(call_args))
     entry.plan.memory.xla = report.achieved
     entry.plan.memory.applied.append(report.mechanism)
-    return lambda *flat: jax.tree_util.tree_leaves(fitted(*jax.tree_util.tree_unflatten(tree, flat)))
+    return jax.jit(lambda *flat: jax.tree_util.tree_leaves(fitted(*jax.tree_util.tree_unflatten(tree, flat))))

@@ -26,26 +26,24 @@ from typing import Any
 import jax
 
 from eqsat import progress
-from eqsat.census_kernels import Unit, describe, measure_alone, unit_key, unit_roofline, units
+from eqsat.census_kernels import Unit, describe, kernel_rivals, measure_alone, unit_key, unit_roofline, units
 from eqsat.extract import timing
 from eqsat.extract.cost import Profile, load_profile, node_cost
 from eqsat.extract.plan import Plan
 from eqsat.extract.views import seconds_text
 from eqsat.ir import Graph, Node
 from eqsat.measure import compare
-from eqsat.ops import VAR
-from eqsat.planning import compiling_done
+from eqsat.planning import after_compiling, compiling_done
 from eqsat.rule_sources import RuleSource
-from eqsat.saturate import Saturation, saturate
 from eqsat.tolerance import comparable, mismatch
 
 FORMAT = "eqsat-census"
 VERSION = 2  # 2: the plan's own kernels (plan_kernels); a version 1 file reads with none
 # kernels alone adding up to more than this many times the program's time (or less than its inverse) are suspect
 _AGREE = 1.5
-# at least this many interleaved rounds end to end: a scale for the shares, not a decision (the guard's), so that
-# a training step of 0.7 s a round is timed in 2 s
-_END_TO_END_ROUNDS = 3
+# at least this many interleaved rounds end to end (more as fit in the census's seconds): a scale for the shares,
+# not a decision (the guard's), so that a training step of 0.7 s a round is timed in 1.4 s
+_END_TO_END_ROUNDS = 2
 _AGREED = "the plan's results agree with the original's on these arguments (a census does not validate: calls do)"
 
 
@@ -266,35 +264,6 @@ def _seconds(s: float | None) -> str:
     return "-" if s is None else seconds_text(s)
 
 
-# ---------------------------------------------------------------------------------------------------- alternatives
-
-
-def _rivals(graph: Graph, classes: dict[str, Unit], rules: Sequence[RuleSource]) -> dict[str, list[timing.Wanted]]:
-    """For each kernel class (key -> its first unit) of the table whose timing the roofline may miss: the other
-    kernels the rules put in its e-class, found by saturating a program of these kernels alone on their input types
-    (one e-graph for all)."""
-    alone = Graph()
-    roots: dict[str, int] = {}  # a kernel's key -> its node in `alone`
-    for key, unit in classes.items():
-        node = graph.nodes[unit.nodes[0]]
-        if unit.kind != "kernel" or not timing.measurable(node.op):
-            continue
-        inputs = []
-        for j in node.inputs:
-            source = graph.nodes[j]
-            inputs.append(alone.add(Node(VAR, (), (f"x{len(alone.nodes)}",), source.shape, source.dtype)))
-            alone.inputs.append(inputs[-1])
-        roots[key] = alone.add(Node(node.op, tuple(inputs), node.attrs, node.shape, node.dtype))
-        alone.outputs.append(roots[key])
-    if not roots:
-        return {}
-    snapshot = saturate(alone, list(rules), Saturation(iterations=3, seconds=5.0))
-    by_class: dict[str, list[timing.Wanted]] = {}
-    for wanted in timing.wanted_nodes(snapshot):
-        by_class.setdefault(wanted.eclass, []).append(wanted)
-    return {key: [w for w in by_class.get(snapshot.orig[i], []) if w.key != key] for key, i in roots.items()}
-
-
 # ---------------------------------------------------------------------------------------------------- the census
 
 
@@ -321,12 +290,13 @@ def take(
     here = device == timing.local_device()
     before, after = _Classes.of(graph, profile), _Classes.of(plan.program(), profile)
     progress.begin("census", f"census: the alternatives of {len(before.first)} kernel classes")
-    rivals = _rivals(graph, before.first, rules)
+    rivals = kernel_rivals(graph, before.first, rules)
     # what to time: the kernels with alternatives first (and the alternatives), then by predicted time in all, then
     # the plan's own kernels
     order = sorted(before.first, key=lambda k: (not rivals.get(k), -before.counts[k] * before.roofline[k]))
     wanted = [w for key in order for w in (_wanted(graph, key, before.first[key]), *rivals.get(key, []))]
     wanted += [_wanted(after.graph, key, unit) for key, unit in after.first.items()]
+    first = _first_calls(programs) if programs is not None and seconds > 0 else None  # compiled before timing
     compiling_done()  # the plan's original, compiled in the background for validation, is not timed beside them
     start = time.perf_counter()
     timer = functools.partial(_time, after.units() | before.units())
@@ -350,14 +320,22 @@ def take(
         measure_s=measure_s,
     )
     _notes(census, plan, here)
-    if programs is not None and seconds > 0:
+    if first is not None:
         progress.begin("census", f"census: the original and the plan end to end ({seconds:g} s)")
-        expected, got = (comparable(jax.tree.leaves(jax.block_until_ready(run()))) for run in programs)
-        problem = mismatch(expected, got)
+        problem = mismatch(*(comparable(results) for results in first))
         census.notes.append(f"the plan's results differ from the original's: {problem}" if problem else _AGREED)
         result = compare(*programs, (), seconds=seconds, min_rounds=_END_TO_END_ROUNDS, warm=True)
         census.original_s, census.plan_s, census.rounds = result.baseline_s, result.candidate_s, result.rounds
     return census
+
+
+def _first_calls(programs: tuple[Callable[[], Any], Callable[[], Any]]) -> tuple[list[Any], list[Any]]:
+    """Both programs' first calls (untimed: a first run is slower), their results: the original's on the thread
+    that compiles it for validation, where it finds it compiled, while this one compiles and runs the plan."""
+    original, plan = programs
+    expected = after_compiling(lambda: jax.tree.leaves(jax.block_until_ready(original())))
+    got = jax.tree.leaves(jax.block_until_ready(plan()))
+    return expected.result(), got
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """The kernels of a program as XLA runs them, for the census (eqsat/census.py): each op that is not fused alone, each
 chain of elementwise ops as one loop; each kernel keyed for the timing cache, described for people, priced by the
-roofline and timed alone on this device."""
+roofline and timed alone on this device; and the alternatives the rules put beside each."""
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,9 +13,11 @@ from jax.core import ShapedArray
 
 from eqsat.extract import timing
 from eqsat.extract.cost import Profile, node_cost, node_key
-from eqsat.ir import Graph
-from eqsat.ops import OPAQUE, OPS, CostClass
+from eqsat.ir import Graph, Node
+from eqsat.ops import OPAQUE, OPS, VAR, CostClass
+from eqsat.rule_sources import RuleSource
 from eqsat.sample import example_like
+from eqsat.saturate import Saturation, saturate
 
 _FUSED = (CostClass.ELEMENTWISE, CostClass.BITCAST)  # XLA fuses these into loops with their neighbours
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # a function's address in a printed parameter differs per process
@@ -211,3 +214,31 @@ def measure_alone(graph: Graph, unit: Unit) -> float | None:
 
 def _no_variable(name: str) -> Any:
     raise AssertionError(f"a kernel reads its inputs as arguments, not Var {name}")
+
+
+def kernel_rivals(
+    graph: Graph, classes: dict[str, Unit], rules: Sequence[RuleSource]
+) -> dict[str, list[timing.Wanted]]:
+    """For each kernel class (key -> its first unit) of the table whose timing the roofline may miss: the other
+    kernels the rules put in its e-class, found by saturating a program of these kernels alone on their input types
+    (one e-graph for all)."""
+    alone = Graph()
+    roots: dict[str, int] = {}  # a kernel's key -> its node in `alone`
+    for key, unit in classes.items():
+        node = graph.nodes[unit.nodes[0]]
+        if unit.kind != "kernel" or not timing.measurable(node.op):
+            continue
+        inputs = []
+        for j in node.inputs:
+            source = graph.nodes[j]
+            inputs.append(alone.add(Node(VAR, (), (f"x{len(alone.nodes)}",), source.shape, source.dtype)))
+            alone.inputs.append(inputs[-1])
+        roots[key] = alone.add(Node(node.op, tuple(inputs), node.attrs, node.shape, node.dtype))
+        alone.outputs.append(roots[key])
+    if not roots:
+        return {}
+    snapshot = saturate(alone, list(rules), Saturation(iterations=3, seconds=5.0))
+    by_class: dict[str, list[timing.Wanted]] = {}
+    for wanted in timing.wanted_nodes(snapshot):
+        by_class.setdefault(wanted.eclass, []).append(wanted)
+    return {key: [w for w in by_class.get(snapshot.orig[i], []) if w.key != key] for key, i in roots.items()}

@@ -86,6 +86,7 @@ def compare(
     if not warm:
         jax.block_until_ready(baseline(*args))
         jax.block_until_ready(candidate(*args))
+    deadline = time.perf_counter() + seconds  # the probes' round counts
     probes = _time_once(baseline, args, 1), _time_once(candidate, args, 1)
     repeat = max(1, int(round_seconds / max(*probes, 1e-6)))
     base, cand, ratios = [], [], []
@@ -93,7 +94,6 @@ def compare(
         base.append(probes[0])
         cand.append(probes[1])
         ratios.append(probes[0] / max(probes[1], 1e-9))
-    deadline = time.perf_counter() + seconds
     while len(ratios) < min_rounds or (time.perf_counter() < deadline and not (decided and decided(ratios))):
         pair = [(baseline, base), (candidate, cand)]
         for fn, sink in pair if len(ratios) % 2 == 0 else reversed(pair):

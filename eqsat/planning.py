@@ -112,10 +112,11 @@ class Planner:
         flat_fun, out_tree, closed = captured.flat_fun, captured.out_tree, captured.closed
         try:
             key = self._store_key(closed, ("program", prepared))
-            stored = self._stored(key, closed, signature) if key else None
+            stored = self._stored(key, closed, signature, flat_fun) if key else None
             if stored is not None:
-                stored.stats.update(stored=1.0, load_s=time.perf_counter() - t0)
-                return self._entry_of(signature, stored, flat_fun, out_tree, closed, prepared, key, Event.LOADED)
+                plan, call = stored
+                plan.stats.update(stored=1.0, load_s=time.perf_counter() - t0)
+                return self._entry_of(signature, plan, flat_fun, out_tree, closed, prepared, key, Event.LOADED, call)
             if signature not in self.saturated:
                 graph = self._graph(closed, signature)
                 t1 = time.perf_counter()
@@ -264,23 +265,27 @@ class Planner:
         self._optimize_bodies(graph)
         return graph
 
-    def _stored(self, key: str, closed: jcore.ClosedJaxpr, signature: Signature) -> Plan | None:
-        """The plan kept under this key with the captured program attached, where it lowers to the program's result
-        types (its first call validates its values); one that does not is set aside."""
+    def _stored(
+        self, key: str, closed: jcore.ClosedJaxpr, signature: Signature, flat_fun: Callable[..., list[Any]]
+    ) -> tuple[Plan, Callable[..., list[Any]] | None] | None:
+        """The plan kept under this key with the captured program attached, and its program (where it runs),
+        where that gives the program's result types (its first call validates its values; the trace that tells
+        is the one its calls find); one that does not is set aside."""
         plan = plan_store.load(key, self.options.profile)
         if plan is None:
             return None
         plan.graph = self._graph(closed, signature)
         if plan.fallback or self.nothing_to_gain(plan):  # the original runs
-            return plan
+            return plan, None
         want = [(a.shape, a.dtype) for a in closed.out_avals]
         try:
-            got = [(a.shape, a.dtype) for a in jax.make_jaxpr(lower(plan))(*signature.avals).out_avals]
+            call = self.runner(plan, flat_fun, closed)
+            got = [(a.shape, a.dtype) for a in jax.tree.leaves(call.trace(*signature.avals).out_info)]
             problem = None if got == want else f"gives results of types {got}, the program's are {want}"
         except Exception as error:
             problem = f"does not lower ({type(error).__name__}: {error})"
         if problem is None:
-            return plan
+            return plan, call
         plan_store.set_aside(key, problem)
         return None
 
@@ -310,7 +315,9 @@ class Planner:
         if key:
             plan_store.save(key, plan, options.profile, repeats.snapshots(done.snapshot))
         flat_fun, out_tree, closed = done.flat_fun, done.out_tree, done.closed
-        return self._entry_of(signature, plan, flat_fun, out_tree, closed, prepared, key, Event.PLANNED, original)
+        return self._entry_of(
+            signature, plan, flat_fun, out_tree, closed, prepared, key, Event.PLANNED, original=original
+        )
 
     def _entry_of(
         self,
@@ -322,17 +329,18 @@ class Planner:
         prepared: bool,
         key: str | None,
         origin: Event,
+        call: Callable[..., list[Any]] | None = None,
         original: Callable[..., list[Any]] | None = None,
     ) -> Entry:
         """The entry that runs a plan (`origin`: planned now, and then stored where a key is given; or loaded:
-        kept from another process), validated on first use."""
+        kept from another process, with its program `call`), validated on first use."""
         original = original or _original(closed)
         stored = [Event.STORED] if key and origin is Event.PLANNED else []
         if self.nothing_to_gain(plan) or plan.fallback:  # run the original program exactly as jax.jit would
             return Entry(signature, plan, original, out_tree, key=key).move(Event.UNPLANNED, *stored)
         checked = self.options.validate  # a plan kept from another process too: each process validates
-        reference = _COMPILER.submit(_compiled_reference, closed) if checked else None
-        call = self.runner(plan, flat_fun, closed)
+        reference = _COMPILER.submit(_compiled_reference, original, closed) if checked else None
+        call = call or self.runner(plan, flat_fun, closed)
         entry = Entry(signature, plan, original, out_tree, call, prepared, reference, key)
         return entry.move(origin, *stored, *([] if checked else [Event.TRUSTED]))
 
@@ -433,7 +441,13 @@ def compiling_done() -> None:
     _COMPILER.submit(lambda: None).result()
 
 
-def _compiled_reference(closed: jcore.ClosedJaxpr) -> Any:
-    """The captured program compiled on its own: from the jaxpr, so no user code runs on this thread."""
-    avals = [v.aval for v in closed.jaxpr.invars]
-    return jax.jit(jcore.jaxpr_as_fun(closed)).lower(*avals).compile()
+def after_compiling(work: Callable[[], Any]) -> Future:
+    """work, run on the thread that compiles the originals, once those queued are compiled (a call of an original
+    then finds it compiled), while this thread goes on."""
+    return _COMPILER.submit(work)
+
+
+def _compiled_reference(original: Any, closed: jcore.ClosedJaxpr) -> Any:
+    """The original (`_original(closed)`) compiled for the program's types: the jit object a fallback and a census
+    call, whose first call then finds it traced and compiled; from the jaxpr, so no user code runs on this thread."""
+    return original.lower(*[v.aval for v in closed.jaxpr.invars]).compile()

@@ -5,13 +5,14 @@ still compiled and run alone), so that the plan's choice and the table's figures
 
 import dataclasses
 import json
+import logging
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import eqsat
-from eqsat import census, census_kernels
+from eqsat import census, census_kernels, planning
 from eqsat.__main__ import main
 from eqsat.extract import timing
 from eqsat.extract.cost import load_profile, node_cost
@@ -238,3 +239,32 @@ def test_a_plan_loaded_from_the_store_is_keyed_as_one_built_here():
     found = census_kernels.units(graph)
     assert any(unit.kind == "fused" for unit in found)
     assert [census_kernels.unit_key(as_json, u) for u in found] == [census_kernels.unit_key(graph, u) for u in found]
+
+
+def test_a_census_of_a_stored_plan_compiles_the_original_once_and_traces_the_plan_once(monkeypatch, caplog):
+    """The original that validation compiles in the background is the one the census's calls find compiled; the
+    trace that checks a stored plan's result types is the one its program's calls find (a warm census's seconds
+    go to timing, not to compiling twice)."""
+    monkeypatch.setenv("EQSAT_PLAN_STORE", "on")
+    fast, args = eqsat.optimize(depthwise), _depthwise_args()
+    fast.plan(*args)
+    fast.clear_cache()  # the plan is loaded from the store
+    planning.compiling_done()  # the first plan's original, compiled for its validation
+    traces = []
+
+    def lower(plan, **kwargs):
+        run = planning_lower(plan, **kwargs)
+        return lambda *xs: traces.append(len(xs)) or run(*xs)
+
+    planning_lower = planning.lower
+    monkeypatch.setattr(planning, "lower", lower)
+    jax.config.update("jax_log_compiles", True)  # on every thread: the original compiles on one of eqsat's
+    try:
+        with caplog.at_level(logging.WARNING, logger="jax"):
+            found = fast.profile(*args)
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    assert found.plan_s and census._AGREED in found.notes
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum(m.startswith("Finished XLA compilation of jit(jaxpr_as_fun)") for m in messages) == 1, messages
+    assert len(traces) == 1
