@@ -28,6 +28,7 @@ class _Dag:
         self.total = 0.0
         self.base: _Dag | None = None  # the DAG this one was switched from, and the classes switched
         self.switch: dict[str, int] = {}
+        self.reached: list[str] = []  # the classes the switch from base newly counted
         self._places: dict[str, int] | None = None
         self._update(list(dict.fromkeys(roots)), [])
 
@@ -45,7 +46,7 @@ class _Dag:
                 new.total += self.costs[i] - self.costs[old]
                 adds += set(self.nodes[i].children)
                 drops += set(self.nodes[old].children)
-        new._update(adds, drops)
+        new.reached = new._update(adds, drops)
         return new
 
     def settled(self) -> _Dag | None:
@@ -55,12 +56,14 @@ class _Dag:
         below every changed one (children first) keeps its base sub-DAG, which holds no changed class. So the check
         walks from the changed classes only, over the classes not below them: a few, where a full walk would visit
         the whole DAG for each of the pass's thousands of trials. A cycle the switch cut off from the roots keeps
-        its own references and is refused too."""
+        its own references and is refused too: such a cycle holds a switched class or one the switch newly reached,
+        so the walk starts from both."""
         base = self.base
         if base is None:
             return self
         places = base.places()
         changed = [c for c in self.switch if c in self.counted and self.choice[c] != base.choice.get(c)]
+        changed = list(dict.fromkeys([*changed, *(c for c in self.reached if c in self.counted)]))
         floor = min((places[c] for c in changed if c in places), default=math.inf)
 
         def children(eclass: str) -> list[str]:
@@ -83,9 +86,10 @@ class _Dag:
             self._places = {c: k for k, c in enumerate(reachable(self.nodes, self.choice, self.roots))}
         return self._places
 
-    def _update(self, adds: list[str], drops: list[str]) -> None:
+    def _update(self, adds: list[str], drops: list[str]) -> list[str]:
         """Add and drop one reference to each class listed, with their cascades: additions first, so that no class
-        is dropped and added back."""
+        is dropped and added back. Returns the classes newly counted."""
+        reached = []
         while adds:
             c = adds.pop()
             self.refs[c] = self.refs.get(c, 0) + 1
@@ -95,6 +99,7 @@ class _Dag:
                     raise ValueError(f"no node chosen for reachable e-class {c}")
                 self.counted[c] = i
                 self.total += self.costs[i]
+                reached.append(c)
                 adds.extend(set(self.nodes[i].children))
         while drops:
             c = drops.pop()
@@ -103,6 +108,7 @@ class _Dag:
                 i = self.counted.pop(c)
                 self.total -= self.costs[i]
                 drops.extend(set(self.nodes[i].children))
+        return reached
 
 
 def share(

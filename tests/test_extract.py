@@ -138,6 +138,20 @@ def layered(num_nodes: int, width: int = 40, seed: int = 0) -> tuple[list[ENode]
     raise AssertionError("unreachable")
 
 
+def test_a_switch_that_leaves_a_newly_reached_cycle_cut_off_is_refused() -> None:
+    """c1 switches to a leaf and c2, no longer reached, to a node over c0, which only reads itself: c0 is reached
+    by the switch and cut off by it in one step, its own reference keeping it counted (hypothesis found this)."""
+    from eqsat.extract.extractors import _Dag
+
+    shapes = [("c0", ("c0",)), ("c1", ()), ("c1", ("c2",)), ("c2", ("c0",)), ("c2", ())]
+    nodes = [ENode("Op", eclass, children, (), False) for eclass, children in shapes]
+    dag = _Dag(nodes, [1.0] * len(nodes), {"c0": 0, "c1": 2, "c2": 4}, ["c1"])
+    assert set(dag.counted) == {"c1", "c2"}
+    switched = dag.switched({"c2": 3, "c1": 1})
+    assert "c0" in switched.counted and set(reachable(nodes, switched.choice, ["c1"])) == {"c1"}
+    assert switched.settled() is None
+
+
 def test_greedy_is_fast_on_20k_nodes() -> None:
     nodes, costs = layered(20_000)
     start = time.perf_counter()
