@@ -241,6 +241,23 @@ def test_a_plan_loaded_from_the_store_is_keyed_as_one_built_here():
     assert [census_kernels.unit_key(as_json, u) for u in found] == [census_kernels.unit_key(graph, u) for u in found]
 
 
+def padded_before_strided_conv(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
+    """keras' ZeroPadding2D between an activation and a strided depthwise conv (MobileNet, EfficientNet)."""
+    y = jnp.pad(jnp.tanh(x), ((0, 0), (0, 1), (0, 1), (0, 0)))
+    dims = ("NHWC", "HWIO", "NHWC")
+    return jax.lax.conv_general_dilated(y, w, (2, 2), "VALID", dimension_numbers=dims, feature_group_count=8)
+
+
+def test_a_zero_pad_runs_in_its_producers_loop_not_as_a_kernel_of_its_own():
+    """XLA fuses the pad into the loop that makes its input, as it does elementwise ops; timed alone it would add a
+    pass that no kernel of the program spends."""
+    found = eqsat.optimize(padded_before_strided_conv).profile(*_depthwise_args())
+    assert not [k for k in found.kernels if k.name == "pad"]
+    loop = _kernel(found, "fused Tanh,convert_element_type,pad")  # jnp.pad converts its int 0 to the dtype
+    assert loop.kind == "fused" and loop.detail == "f32[2,16,16,8] i32[] -> f32[2,17,17,8]"
+    assert found.opaque_s == 0.0
+
+
 def test_a_census_of_a_stored_plan_compiles_the_original_once_and_traces_the_plan_once(monkeypatch, caplog):
     """The original that validation compiles in the background is the one the census's calls find compiled; the
     trace that checks a stored plan's result types is the one its program's calls find (a warm census's seconds
