@@ -388,6 +388,7 @@ ALGEBRA: dict[str, Callable[[DrawFn, Program], int]] = {
     "Erf": _unary(lax.erf),
     "Erfc": _unary(lax.erfc),
     "ErfcFromErf": _unary(exact_gelu),  # what rules/kernels.egg rewrites into it
+    "SiluFromTanh": _unary(jax.nn.silu),  # the same
     "Concat": _gen_concat,
     "Slice": _gen_slice,
     "Bcast": _gen_bcast,
