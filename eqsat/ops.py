@@ -499,8 +499,9 @@ OPS: dict[str, OpSpec] = {
         # batch_groups x w): ConvAttrs, the operands channels-last (x [N, S..., C], w [K..., C / groups, O]);
         # captured from conv_general_dilated of any layout, with transposes around it (eqsat/capture.py)
         _conv_op(CONV, kernels.conv, ("conv_general_dilated",)),
-        # The same attributes, a depthwise conv (one input channel per group) computed as shifted multiply-adds;
-        # rules/kernels.egg puts it beside the Conv it can replace, the timing cache prices both.
+        # The same attributes, a conv of few input channels per group (a depthwise conv's one, an RGB stem's three)
+        # computed as shifted multiply-adds; rules/kernels.egg puts it beside the Conv it can replace, the timing
+        # cache prices both.
         _conv_op("ShiftConv", kernels.shifted_conv, alternative=True),
         # The same attributes, a conv whose window covers its whole input (a 1x1 conv's weight gradient) as one GEMM
         _conv_op("DotConv", kernels.dot_conv, alternative=True),

@@ -40,6 +40,7 @@ CASES = {  # name -> (x shape, w shape, fn of (x, w))
     "2d depthwise dilated": (
         (1, 9, 8, 4), (3, 3, 1, 4), lambda x, w: conv(x, w, (1, 1), "SAME", 4, rhs_dilation=(2, 1)),
     ),
+    "2d RGB stem strided": ((2, 17, 17, 3), (3, 3, 3, 8), lambda x, w: conv(x, w, (2, 2), [(0, 1), (0, 1)], 1)),
     "3d depthwise": ((1, 5, 6, 7, 4), (3, 3, 3, 1, 4), lambda x, w: conv(x, w, (1, 1, 1), "SAME", 4)),
     "3d depthwise strided lhs-dilated": (
         (1, 4, 5, 4, 3), (2, 3, 2, 1, 3),
@@ -70,8 +71,11 @@ def test_a_conv_of_any_rank_is_one_conv_and_its_alternatives_agree(name: str):
     assert infer("Conv", attrs, tuple((v.shape, "float32") for v in xs)) == (node.shape, "float32")
     want = OPS["Conv"].lower(attrs, *xs)
     alternatives = ["PhaseConv"] if attrs.lhs_dilation[0] > 1 else []
-    if attrs.feature_groups > 1:
-        alternatives.append("ShiftConv" if xs[1].shape[-2] == 1 else "PatchConv")
+    per_group = xs[1].shape[-2]
+    if attrs.feature_groups > 1 and per_group > 1:
+        alternatives.append("PatchConv")
+    if per_group == 1 or (per_group <= 4 and x.ndim == 4):  # a depthwise conv, a 2-d RGB stem
+        alternatives.append("ShiftConv")
     for op in alternatives:
         np.testing.assert_allclose(OPS[op].lower(attrs, *xs), want, rtol=1e-5, atol=1e-5, err_msg=op)
 
@@ -210,7 +214,7 @@ def _pointwise_operands() -> tuple:
     return (
         (normal(2, 16, 6), normal(1, 6, 5) * 0.5),
         (normal(2, 4, 6, 6, 3), normal(1, 1, 1, 3, 4) * 0.5),
-        (normal(2, 8, 8, 3), normal(1, 1, 3, 4) * 0.5),
+        (normal(2, 8, 8, 6), normal(1, 1, 6, 4) * 0.5),  # 6 channels: not an RGB stem
     )
 
 
