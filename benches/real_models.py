@@ -86,6 +86,11 @@ def keras_efficientnetb0_batch2() -> Workload:
     return _keras_app("keras_efficientnetb0_batch2", "EfficientNetB0", batch=2)
 
 
+def keras_mobilenetv3small_batch2() -> Workload:
+    """At the peers' batch (benches/peers.py), for `python -m benches.rule_ab`."""
+    return _keras_app("keras_mobilenetv3small_batch2", "MobileNetV3Small", batch=2)
+
+
 def keras_mobilenetv2_train() -> Workload:
     """The census's training step (issue 28): value_and_grad of a cross-entropy through MobileNetV2, batch 2."""
     from benches.kernels import workload
