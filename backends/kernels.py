@@ -95,15 +95,15 @@ def shifted_conv(a: "ConvAttrs", x: Any, w: Any) -> Any:
     (docs/kernel-gaps.md) and its conv kernel vectorizes three input channels poorly."""
     *kernel, per_group, out_channels = w.shape
     total = None
-    # a depthwise conv's channels are repeated once, before slicing (1.1x faster with a channel multiplier); a few
-    # channels' taps after it, so that XLA broadcasts each in the loop (3x faster for an RGB stem)
-    early = per_group == 1
     for c in range(per_group):
         # input channel c of each group; output channel o reads its group's: (o // (O / groups)) * per_group + c
         xc = accumulating(lax.slice_in_dim(x, c, None, per_group, axis=x.ndim - 1))
-        xc = repeated_channels(xc, out_channels) if early else xc
+        if per_group == 1:  # a depthwise conv's channels repeated once, before slicing (1.1x faster with a multiplier)
+            xc = repeated_channels(xc, out_channels)
         for offset, tap in _conv_taps(a, xc, kernel):
-            term = (tap if early else repeated_channels(tap, out_channels)) * w[(*offset, c)].astype(xc.dtype)
+            # a few channels' taps repeated after slicing, so that XLA broadcasts each in the loop (3x faster for an
+            # RGB stem); a no-op where they were repeated before
+            term = repeated_channels(tap, out_channels) * w[(*offset, c)].astype(xc.dtype)
             total = term if total is None else total + term
     return total.astype(x.dtype)
 

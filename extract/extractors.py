@@ -62,8 +62,8 @@ class _Dag:
         if base is None:
             return self
         places = base.places()
-        changed = [c for c in self.switch if c in self.counted and self.choice[c] != base.choice.get(c)]
-        changed = list(dict.fromkeys([*changed, *(c for c in self.reached if c in self.counted)]))
+        switched = (c for c in self.switch if c in self.counted and self.choice[c] != base.choice.get(c))
+        changed = list(dict.fromkeys([*switched, *(c for c in self.reached if c in self.counted)]))
         floor = min((places[c] for c in changed if c in places), default=math.inf)
 
         def children(eclass: str) -> list[str]:
