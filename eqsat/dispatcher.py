@@ -28,7 +28,7 @@ from typing import Any
 import jax
 from jax._src import config
 
-from eqsat import background, validate
+from eqsat import background, processes, validate
 from eqsat.budget import check_budget
 from eqsat.errors import EqsatError, EqsatWarning
 from eqsat.jit_dispatch import JitDispatch, called_eagerly, inlined, unexplained
@@ -81,7 +81,10 @@ class Dispatcher:
             out = self.dispatch.run(*args, **kwargs)
         finally:
             self.hand_over(args, kwargs, out)
-        return self.finish(args, kwargs, out, raced=unsettled or builds != self.plans.builds)
+        out = self.finish(args, kwargs, out, raced=unsettled or builds != self.plans.builds)
+        if processes.CHECK_LOCKSTEP:
+            processes.check_lockstep(self.planner.name, self.dispatch.ran.get(self.signature(args, kwargs)[1], "?"))
+        return out
 
     def hand_over(self, args: tuple, kwargs: dict[str, Any], out: Any) -> None:
         """Where this call's trace left its plan to the background: its arguments handed over, and planning
@@ -103,7 +106,7 @@ class Dispatcher:
         if self.plans.measuring:
             self._measure_live(args, kwargs, out)
         epoch = self.plans.epoch  # read before the checks: a move after it leaves the fast path off
-        if not self.owed() and self.dispatch.landings == self.plans.landings:
+        if not self.owed() and self.dispatch.landings == self.plans.landings and not processes.CHECK_LOCKSTEP:
             self.quiet = epoch
         return out
 
@@ -151,8 +154,9 @@ class Dispatcher:
         flat, signature = self.signature(args, kwargs)
         # with background on, a call's own trace on concrete arguments (not one an outer transformation or `.lower`
         # keeps), under no context of this thread's own, may leave its plan to the planning thread
+        # (not with several processes: each would switch to its plan at its own call, eqsat/processes.py)
         tiered = self.options.background and not self._pending.staged and called_eagerly()
-        tiered = tiered and threads_share(signature)
+        tiered = tiered and threads_share(signature) and processes.count() == 1
         with jax.core.eval_context():  # planning runs on plain values, outside this trace
             entry = self.entry(signature, tiered=tiered)
         entry.traced = True
@@ -161,6 +165,8 @@ class Dispatcher:
             self._validate(entry)
         with config.explain_cache_misses(False):  # the plan's own jax.jit objects, traced inline
             out = inlined(entry.call)(*flat)
+        if processes.CHECK_LOCKSTEP:
+            dispatch.ran[signature] = _program(entry, flat)
         return jax.tree_util.tree_unflatten(entry.out_tree, out)
 
     def checked(self, stage: Callable[[Any], Any], args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -451,6 +457,15 @@ def _failed(plans: "weakref.ref[SharedPlans]", job: Future) -> None:
     failed = job.exception() is not None and not isinstance(job.exception(), background.Stopped)
     if failed and (found := plans()) is not None:
         found.land()
+
+
+def _program(entry: Entry, flat: list[Any]) -> str:
+    """What a trace inlines, as EQSAT_CHECK_LOCKSTEP compares it between processes: the original, or a digest of
+    the plan's program."""
+    if entry.call is entry.original:
+        return "the original"
+    program = jax.make_jaxpr(inlined(entry.call))(*[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in flat])
+    return f"plan {processes.fingerprint(str(program))}"
 
 
 def _unplanned(pending: Entry) -> Entry:

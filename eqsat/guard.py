@@ -101,11 +101,14 @@ def measure(
     guard_seconds: float,
     warm: bool = False,
     predicted: float = 1.0,
+    across: Callable[[list[float], bool], tuple[list[float], bool]] | None = None,
 ) -> dict[str, Any]:
     """Interleaved rounds of both calls until the sign test decides or about `guard_seconds` pass (three rounds at
     least): what the plan records (Plan.measured) and whether it is kept. `warm`: both have run on these
     arguments (validation ran them), so no call is spent compiling them; otherwise a first call of each does,
-    before any round. `predicted`: the cost model's speed-up, which keeps an undecided plan that it calls clear."""
+    before any round. `predicted`: the cost model's speed-up, which keeps an undecided plan that it calls clear.
+    `across`: each round as every process measured it (eqsat/processes.py); then no live calls measure on (they
+    would in one process's calls only): an undecided measurement settles on its median at once."""
     result = compare(
         original,
         optimized,
@@ -115,9 +118,10 @@ def measure(
         warm=warm,
         min_rounds=3,
         decided=_decided,
+        across=across,
     )
     rounds = list(zip(result.baseline_times, result.candidate_times, strict=True))
-    return _judged(rounds, predicted, source="first call")
+    return _judged(rounds, predicted, source="first call", live=across is None)
 
 
 def live_round(original: Callable[[], Any], optimized: Callable[[], Any], optimized_first: bool) -> tuple[float, float]:
@@ -136,15 +140,15 @@ def with_round(measured: dict[str, Any], seconds: tuple[float, float]) -> dict[s
     return _judged([*map(tuple, measured["rounds_s"]), seconds], measured["predicted"], source="live calls")
 
 
-def _judged(rounds: list[tuple[float, float]], predicted: float, source: str) -> dict[str, Any]:
+def _judged(rounds: list[tuple[float, float]], predicted: float, source: str, live: bool = True) -> dict[str, Any]:
     """What (original, plan) seconds per round say: the sign test's decision, whether the plan runs (`kept`) and
-    whether live calls go on measuring (`live`). Past LIVE_ROUNDS undecided rounds the median decides (`settled`),
-    storing no refusal."""
+    whether live calls go on measuring (`live`). Past LIVE_ROUNDS undecided rounds (or at once, where no live
+    calls may measure) the median decides (`settled`), storing no refusal."""
     original, plan = [o for o, _ in rounds], [p for _, p in rounds]
     ratios = [o / max(p, 1e-12) for o, p in rounds]
     result = Comparison.of(original, plan, ratios)
     decision, confidence, test = decide(ratios)
-    settled = decision == "undecided" and result.rounds >= LIVE_ROUNDS
+    settled = decision == "undecided" and (result.rounds >= LIVE_ROUNDS or not live)
     if decision != "undecided":
         kept = decision == "faster"
     elif settled:

@@ -38,6 +38,7 @@ class JitDispatch:
 
     def reset(self) -> None:
         self.landings = self.plans.landings  # the plans built in the background that this trace cache can run
+        self.ran: dict[Any, str] = {}  # signature -> the program its trace inlined (EQSAT_CHECK_LOCKSTEP)
         ref, dispatch = self.body, weakref.ref(self)  # weakly, as the body: no cycle through the jax.jit
         body = functools.wraps(self.fun, updated=())(lambda *args, **kwargs: ref()(dispatch(), *args, **kwargs))
         self.run = jax.jit(body, **self.jit_options)

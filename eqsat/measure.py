@@ -77,26 +77,37 @@ def compare(
     warm: bool = False,
     min_rounds: int = 5,
     decided: Callable[[list[float]], bool] | None = None,
+    across: Callable[[list[float], bool], tuple[list[float], bool]] | None = None,
 ) -> Comparison:
     """Interleave baseline and candidate rounds (order alternating) until `seconds` have passed, each round of at
     least `round_seconds` (20 ms keeps the timer's noise small) and at least `min_rounds`. `warm`: both have run
     on these arguments already, so no call is spent compiling them; a probe of one call each is the first round
     where one call fills a round (a model of 0.6 s a call measured in 5 rounds, not 7). `decided(ratios)`: stop
-    as soon as it holds (min_rounds still run), a sequential test's stopping rule."""
+    as soon as it holds (min_rounds still run), a sequential test's stopping rule. `across(seconds, stop)`: the
+    seconds and the wish to stop as every process of a multi-host job has them (eqsat/processes.py), so that each
+    process runs the same rounds."""
     if not warm:
         jax.block_until_ready(baseline(*args))
         jax.block_until_ready(candidate(*args))
     deadline = time.perf_counter() + seconds  # the probes' round counts
-    probes = _time_once(baseline, args, 1), _time_once(candidate, args, 1)
+    probes = [_time_once(baseline, args, 1), _time_once(candidate, args, 1)]
+    if across is not None:
+        probes, _ = across(probes, False)
     repeat = max(1, int(round_seconds / max(*probes, 1e-6)))
     base, cand, ratios = [], [], []
     if repeat == 1:
         base.append(probes[0])
         cand.append(probes[1])
         ratios.append(probes[0] / max(probes[1], 1e-9))
-    while len(ratios) < min_rounds or (time.perf_counter() < deadline and not (decided and decided(ratios))):
+    stop = False
+    while True:
+        stop = stop if across is not None else time.perf_counter() >= deadline
+        if len(ratios) >= min_rounds and (stop or (decided is not None and decided(ratios))):
+            break
         pair = [(baseline, base), (candidate, cand)]
         for fn, sink in pair if len(ratios) % 2 == 0 else reversed(pair):
             sink.append(_time_once(fn, args, repeat))
+        if across is not None:
+            (base[-1], cand[-1]), stop = across([base[-1], cand[-1]], time.perf_counter() >= deadline)
         ratios.append(base[-1] / cand[-1])
     return Comparison.of(base, cand, ratios)

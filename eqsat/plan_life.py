@@ -123,6 +123,7 @@ class Entry:
     # the original compiled for validation in the background while the caller's jax.jit compiles the plan
     reference: Future | None = None
     key: str | None = None  # where the plan is kept across processes (eqsat/plan_store.py)
+    agreement: str | None = None  # the topic its processes agree on it under, with several (eqsat/processes.py)
     lock: threading.Lock = field(default_factory=threading.Lock)  # held while validating: once, by one thread
     # the plan being built in the background (eqsat/background.py): until it is ready this entry runs the original
     job: Future | None = None

@@ -49,11 +49,14 @@ def enabled() -> bool:
     return os.environ.get("EQSAT_PLAN_STORE", "on").lower() not in ("off", "0", "false", "no")
 
 
-def program_key(closed: jcore.ClosedJaxpr, settings: tuple) -> str:
+def program_key(closed: jcore.ClosedJaxpr, settings: tuple, portable: bool = False) -> str:
     """The key of a program under these settings: a digest of the jaxpr's equations, its constants and the
-    settings (written out here rather than printed by jax: printing a 2,000-equation jaxpr takes 0.2 s)."""
+    settings (written out here rather than printed by jax: printing a 2,000-equation jaxpr takes 0.2 s).
+    `portable`: without the machine and the versions of jax and eqsat, which may differ between the hosts of one
+    job (eqsat/processes.py)."""
     digest = hashlib.blake2b(digest_size=20)
-    digest.update(f"{FORMAT}/{VERSION}/jax {jax.__version__}/{hardware()}/{_code_version()}/{settings!r}".encode())
+    where = "" if portable else f"/jax {jax.__version__}/{hardware()}/{code_version()}"
+    digest.update(f"{FORMAT}/{VERSION}{where}/{settings!r}".encode())
     _feed(digest, closed.jaxpr)
     for value in closed.consts:
         array = np.asarray(value)
@@ -63,7 +66,7 @@ def program_key(closed: jcore.ClosedJaxpr, settings: tuple) -> str:
 
 
 @functools.cache
-def _code_version() -> str:
+def code_version() -> str:
     """eqsat's version and a digest of its op table (the prelude it generates: every op's constructor, attributes
     and shape rules), so that a plan of another op table is never lowered with this one."""
     try:

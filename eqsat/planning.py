@@ -7,6 +7,7 @@ abstract values, so a plan can be built under any transformation of the caller.
 """
 
 import functools
+import json
 import logging
 import operator
 import time
@@ -20,13 +21,14 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jcore
 
-from eqsat import background, plan_store, progress, repeats
+from eqsat import background, plan_store, processes, progress, repeats
 from eqsat.autotune import autotune
 from eqsat.backends.lower import lower, overflow_guarded, with_original_derivatives
 from eqsat.capture import capture
 from eqsat.errors import EqsatError, EqsatWarning
 from eqsat.extract.cost import Cost
 from eqsat.extract.plan import Plan, build_plan
+from eqsat.extract.report import PlanFormatError, plan_from_dict, plan_to_dict
 from eqsat.extract.timing import attached, priced
 from eqsat.ir import Graph, Opaque
 from eqsat.ops import GET, OPAQUE
@@ -108,6 +110,11 @@ class Planner:
         captured = captured or self.capture(signature)
         if isinstance(captured, Entry):
             return captured
+        if processes.count() > 1:
+            return self._agreed(signature, prepared, captured)
+        return self._built(signature, prepared, captured)
+
+    def _built(self, signature: Signature, prepared: bool, captured: Captured) -> Entry:
         t0 = time.perf_counter() - captured.seconds
         flat_fun, out_tree, closed = captured.flat_fun, captured.out_tree, captured.closed
         try:
@@ -134,6 +141,53 @@ class Planner:
             why = _failure(self.name, error)
             warnings.warn(f"{why}; running the original instead", EqsatWarning, stacklevel=6)
             return self.original_entry(signature, jax.jit(flat_fun), out_tree, why)
+
+    def _agreed(self, signature: Signature, prepared: bool, captured: Captured) -> Entry:
+        """With several processes (eqsat/processes.py): process 0's entry in every process. Process 0 plans (or
+        loads, or refuses) as one process does and shares its plan; the others lower that plan on the program
+        they captured, without planning. Where any process cannot run it, every process runs the original."""
+        closed, profile = captured.closed, self.options.profile
+        topic = "plan/" + plan_store.program_key(closed, (profile.name, prepared), portable=True)
+        versions = f"eqsat {plan_store.code_version()}, jax {jax.__version__}"
+        entry: Entry | None = None
+        if processes.leads():
+            try:
+                entry = self._built(signature, prepared, captured)
+            except EqsatError as error:  # a bad rule or a shape conflict: raised in every process
+                processes.share(topic, json.dumps({"error": str(error)}))
+                raise
+            processes.share(topic, json.dumps({"plan": plan_to_dict(entry.plan), "versions": versions}))
+            problem = None
+        else:
+            shared = json.loads(processes.share(topic, None))
+            if "error" in shared:
+                raise EqsatError(shared["error"])
+            entry, problem = self._adopted(signature, prepared, captured, shared, versions)
+        problems = processes.gather(f"{topic}/lowered", problem or "")
+        if entry is None or any(problems):
+            i, why = next((i, p) for i, p in enumerate(problems) if p)
+            why = f"process {i} cannot run process 0's plan of {self.name} ({why})"
+            entry = self.original_entry(signature, _original(closed), captured.out_tree, why)
+        entry.agreement = topic
+        return entry
+
+    def _adopted(
+        self, signature: Signature, prepared: bool, captured: Captured, shared: dict[str, Any], versions: str
+    ) -> tuple[Entry | None, str | None]:
+        """The entry of process 0's plan (`shared`) in this process, or what keeps it from running here. It is
+        not stored: process 0 keeps the job's plans."""
+        flat_fun, out_tree, closed = captured.flat_fun, captured.out_tree, captured.closed
+        if shared["versions"] != versions:
+            return None, f"made by {shared['versions']}, this process runs {versions}"
+        try:
+            plan = plan_from_dict(shared["plan"])
+        except PlanFormatError as error:
+            return None, str(error)
+        call, problem = self._lowered(plan, closed, signature, flat_fun)
+        if problem is not None:
+            return None, problem
+        plan.stats.pop("stored", None)  # not this process's store
+        return self._entry_of(signature, plan, flat_fun, out_tree, closed, prepared, None, Event.LOADED, call), None
 
     def plan(self, args: tuple, kwargs: dict[str, Any] | None = None, prepared: bool = False) -> Plan:
         """The plan for arguments of these shapes and dtypes, built afresh (not kept)."""
@@ -274,20 +328,28 @@ class Planner:
         plan = plan_store.load(key, self.options.profile)
         if plan is None:
             return None
-        plan.graph = self._graph(closed, signature)
-        if plan.fallback or self.nothing_to_gain(plan):  # the original runs
-            return plan, None
-        want = [(a.shape, a.dtype) for a in closed.out_avals]
-        try:
-            call = self.runner(plan, flat_fun, closed)
-            got = [(a.shape, a.dtype) for a in jax.tree.leaves(call.trace(*signature.avals).out_info)]
-            problem = None if got == want else f"gives results of types {got}, the program's are {want}"
-        except Exception as error:
-            problem = f"does not lower ({type(error).__name__}: {error})"
+        call, problem = self._lowered(plan, closed, signature, flat_fun)
         if problem is None:
             return plan, call
         plan_store.set_aside(key, problem)
         return None
+
+    def _lowered(
+        self, plan: Plan, closed: jcore.ClosedJaxpr, signature: Signature, flat_fun: Callable[..., list[Any]]
+    ) -> tuple[Callable[..., list[Any]] | None, str | None]:
+        """A plan made elsewhere (kept by another process, or shared by process 0) with the captured program
+        attached: its program (None where the original runs), or why it cannot run here (it does not lower, or
+        gives other result types)."""
+        plan.graph = self._graph(closed, signature)
+        if plan.fallback or self.nothing_to_gain(plan):  # the original runs
+            return None, None
+        want = [(a.shape, a.dtype) for a in closed.out_avals]
+        try:
+            call = self.runner(plan, flat_fun, closed)
+            got = [(a.shape, a.dtype) for a in jax.tree.leaves(call.trace(*signature.avals).out_info)]
+            return (call, None) if got == want else (None, f"gives results of types {got}, the program's are {want}")
+        except Exception as error:
+            return None, f"does not lower ({type(error).__name__}: {error})"
 
     def _store_key(self, closed: jcore.ClosedJaxpr, what: tuple) -> str | None:
         """The key of this program's plan among those kept across processes; None where none are kept."""
@@ -347,6 +409,8 @@ class Planner:
     def _optimize_bodies(self, graph: Graph) -> None:
         """Optimize the bodies of scan, while, cond, remat and shard_map calls as programs of their own, in place;
         the keys of body plans kept from other processes are listed in graph.stored_bodies."""
+        if processes.count() > 1:  # a body's plan is its process's own: process 0's plan keeps bodies as they are
+            return
         for k, call in enumerate(graph.opaque):
             changed, real = {}, set()
             for name, value in call.params.items():

@@ -17,7 +17,8 @@ from eqsat.ir import Graph, Opaque
 # the collectives XLA's SPMD partitioner and shard_map's lowering emit
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _PARTITIONING = ("shard_map", "sharding_constraint")
-_COLLECTIVE = re.compile(r"= [^=]*?\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+# `%name = TYPE kind(` where TYPE may be a tuple (XLA's combiner makes one all-reduce of many values)
+_COLLECTIVE = re.compile(r"%\S+ = (?:\([^)]*\)|\S+) (" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) [^\n]*\{\n(.*?)^\}", re.M | re.S)  # name, body
 _CALLED = re.compile(r"%([\w.\-]+)")
 _FLAG_REDUCE = re.compile(r"\s*%\S+ = (?:pred|f32)\[\] all-reduce(?:-start)?\(")  # the guard's check over the devices

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from eqsat import guard, plan_store, progress, rule_sources
+from eqsat import guard, plan_store, processes, progress, rule_sources
 from eqsat.backends.lower import lower
 from eqsat.egraph_check import check_egraph
 from eqsat.errors import EqsatWarning
@@ -34,9 +34,13 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
     """Compare the plan's results on flat (`got`, where the caller has them) with the original's; on a mismatch
     find the rules involved and warn: the original runs."""
     progress.begin("validate", "validate: compile and compare with the original")
+    if entry.agreement is not None:  # several processes: each compares the whole values, the verdicts combined
+        flat, got = processes.whole(flat), None if got is None else processes.whole(got)
     with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
         expected = comparable(_reference_results(entry, flat))
         got = comparable(entry.call(*flat) if got is None else got)
+    if entry.agreement is not None:  # compiled for the whole values: the guard times the original as sharded
+        entry.reference = None
     wrong = next(((k, p) for k, p in enumerate(map(differs, range(len(got)), expected, got)) if p), None)
     if wrong is not None:  # as accurate as the original, where the original itself leaves the digits undetermined
         with jax.ensure_compile_time_eval():
@@ -48,7 +52,11 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
         with jax.ensure_compile_time_eval():
             source = jax.jit(flat_function(planner.fun, entry.signature)[0])
             wrong = narrow_less_accurate(source, flat, expected, got)
-    if wrong is None:
+    if entry.agreement is not None and processes.any_of(f"{entry.agreement}/wrong", wrong is not None):
+        if wrong is None:
+            entry.plan.fallback = "optimized result differed from the original in another process"
+            return Verdict((Event.MISMATCHED,))
+    elif wrong is None:
         return Verdict((Event.VALIDATED,))
     k, problem = wrong
     stored = [entry.key] if entry.key and entry.plan.stats.get("stored") else []
@@ -56,7 +64,10 @@ def compare(planner: Planner, entry: Entry, flat: list[Any], got: list[Any] | No
     if stored:  # a kept plan (or body plan) changed since it was validated, or wrong on these values: planned again
         for key in stored:
             plan_store.set_aside(key, f"gave results that differ from the original's ({problem})")
-        return _plan_again(planner, entry, flat)
+        if entry.agreement is None:  # (several processes plan again together, in their next run)
+            return _plan_again(planner, entry, flat)
+        entry.plan.fallback = f"the kept plan differed from the original ({problem}); set aside"
+        return Verdict((Event.MISMATCHED,))
     progress.begin("validate", "validate: finding the rules the mismatch depends on")
     with jax.ensure_compile_time_eval():
         entry.plan.blamed, exact = blame(planner, entry, flat, k, expected[k])
@@ -148,7 +159,8 @@ def keep_collectives(planner: Planner, entry: Entry, flat: list[Any]) -> Verdict
     with jax.ensure_compile_time_eval():
         added = added_collectives(entry.call, entry.original, flat)
         done = planner.saturated.get(entry.signature)
-        if added and done is not None and CONCAT in entry.plan.rewritten_ops():
+        # (several processes: an extraction of one process's own would be its plan alone)
+        if added and done is not None and CONCAT in entry.plan.rewritten_ops() and entry.agreement is None:
             unmerged = planner.extract(done.graph, done.snapshot, entry.prepared, forbid=frozenset({CONCAT}))
             if not planner.nothing_to_gain(unmerged):
                 call = planner.runner(unmerged, done.flat_fun, done.closed)
@@ -175,8 +187,9 @@ def timed(
         # outside any caller's trace, as the call that gave the results ran (compile-time evaluation would key
         # jax.jit's cache apart and compile the plan again: 2.8 s on NASNet-A)
         with jax.core.eval_context():
+            across = None if entry.agreement is None else functools.partial(processes.slowest, entry.agreement)
             entry.plan.measured = guard.measure(
-                original, optimized, planner.options.limits.guard_seconds, warm, entry.plan.predicted_speedup
+                original, optimized, planner.options.limits.guard_seconds, warm, entry.plan.predicted_speedup, across
             )
     return _judged(planner, entry)
 

@@ -5,13 +5,16 @@ XLA fuses elementwise chains into their neighbours, so an elementwise op is pric
 output and no kernel of its own; contractions cost max(compute, memory) plus a kernel launch.
 """
 
+import contextlib
+import fcntl
 import functools
 import json
 import logging
 import os
+import secrets
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from importlib import resources
 from math import prod
@@ -96,9 +99,11 @@ def cache_dir() -> Path:
 
 
 def write_cache_file(path: Path, text: str) -> None:
-    """Write a file whole: a reader in another process sees the old file or the new one (OSError where it cannot)."""
+    """Write a file whole: a reader in another process sees the old file or the new one (OSError where it cannot).
+    Many threads, processes and hosts may write one cache directory: each write has a temporary file of its own
+    (two threads sharing one had a rename fail and their writes mixed in one file), and the last rename wins."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
@@ -106,11 +111,31 @@ def write_cache_file(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def cache_file_lock(path: Path) -> Iterator[None]:
+    """Hold the lock of a cache file (`<path>.lock`, beside it) for a read-merge-write, against other processes
+    and hosts (flock) and this process's other threads (flock on NFS locks for the whole process)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _THIS_PROCESS, open(path.with_name(f"{path.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released as the file closes
+        yield
+
+
+_THIS_PROCESS = threading.Lock()
+
+
 def keep_cache_file(path: Path, text: str) -> bool:
-    """write_cache_file where a cache that cannot be written is no reason to stop: what was to be kept stays in
-    this process's memory, and the first failure in the process warns, naming the path. Returns whether it wrote."""
+    """write_cache_file where a cache that cannot be written is no reason to stop (see keep_cache)."""
+    return keep_cache(path, functools.partial(write_cache_file, path, text))
+
+
+def keep_cache(path: Path, write: Callable[[], None]) -> bool:
+    """Run `write`, which writes the cache file at `path`, where a cache that cannot be written is no reason to
+    stop: what was to be kept stays in this process's memory, and the first failure in the process warns, naming
+    the path. Writers racing each other do not fail, so only a real OSError (permissions, a full disk) warns.
+    Returns whether it wrote."""
     try:
-        write_cache_file(path, text)
+        write()
         return True
     except OSError as error:
         with _UNWRITABLE_LOCK:
@@ -121,7 +146,7 @@ def keep_cache_file(path: Path, text: str) -> bool:
                 f"eqsat: cannot write its cache at {path} ({error}); plans and kernel timings are kept in this "
                 "process's memory only (set EQSAT_CACHE_DIR to a writable directory to keep them)",
                 EqsatWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
         log.debug("eqsat: could not write %s (%s)", path, error)
         return False

@@ -33,7 +33,15 @@ from jax import lax
 
 from eqsat import progress
 from eqsat.errors import EqsatWarning
-from eqsat.extract.cost import Profile, cache_dir, keep_cache_file, node_cost, node_key, write_cache_file
+from eqsat.extract.cost import (
+    Profile,
+    cache_dir,
+    cache_file_lock,
+    keep_cache,
+    node_cost,
+    node_key,
+    write_cache_file,
+)
 from eqsat.measure import median_time
 from eqsat.ops import OPS, CostClass, infer
 from eqsat.sample import example_array
@@ -83,9 +91,19 @@ class TimingCache:
         return json.dumps({**data, "too_fast": too_fast}, indent=1, sort_keys=True, allow_nan=False)
 
     def save(self) -> None:
-        """Write the cache to its path (OSError where it cannot: `measure` keeps it in memory instead)."""
-        if self.path is not None:
-            write_cache_file(self.path, self.to_json())
+        """Write the cache to its path, with what the file holds merged in: processes measuring into one cache
+        directory keep each other's entries (this cache's win a key both hold), read, merged and written under the
+        file's lock. OSError where it cannot be written: `measure` keeps it in memory instead."""
+        if self.path is None:
+            return
+        with cache_file_lock(self.path):
+            try:
+                self.merge(parse(self.path.read_bytes(), str(self.path)))
+            except (FileNotFoundError, ValueError):  # none yet, or one to write over: damaged, another jax version's
+                pass
+            with self.lock:
+                text = self.to_json()
+            write_cache_file(self.path, text)
 
     def merge(self, other: "TimingCache") -> int:
         """Take another cache's entries for the same device and versions; returns how many were new."""
@@ -94,8 +112,9 @@ class TimingCache:
                 f"timing cache for {other.device} ({other.versions}) cannot join one for {self.device} "
                 f"({self.versions})"
             )
-        new = {k: v for k, v in other.entries.items() if k not in self.entries}
-        self.entries.update(new)
+        with self.lock:
+            new = {k: v for k, v in other.entries.items() if k not in self.entries}
+            self.entries.update(new)
         return len(new)
 
 
@@ -288,7 +307,7 @@ def measure(
         counts["measured"] += 1
         progress.step("measure", f"measure: {item.op} {k + 1}/{len(missing)}", k + 1, len(missing))
     if cache.path is not None:
-        keep_cache_file(cache.path, cache.to_json())
+        keep_cache(cache.path, cache.save)
     return counts
 
 

@@ -1,0 +1,167 @@
+"""One process of a multi-host JAX job on this machine (jax.distributed on localhost, CPU, gloo collectives), each
+process one CPU device of a global mesh: a program optimized by eqsat and compared with jax.jit on global arrays.
+Run N of these with the same --port by tests/test_multihost.py and benches/multihost.py (`launch` below).
+
+Cases: `sum`, sum(x @ b for b in B) with x sharded on its columns and each b on its rows (every product needs an
+all-reduce; eqsat factors the sum); `train`, a data-parallel MLP training step (value_and_grad, the batch sharded,
+the gradients all-reduced); `tp`, a dense layer sharded on its contraction dimension; `rule`, max(x, 0) with a
+user rule that is wrong where x < 0, which only process 1's shard (or, with --local, only its own values) holds.
+
+Prints one JSON object: per call, the largest difference from jax.jit's results; the plan's rewrites and why the
+original runs, if it does; with --seconds, jax.jit's and eqsat's times in interleaved rounds.
+"""
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+RULE = '(rewrite (Max a b) a :name "max-is-left")  ; wrong where b > a\n'
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--processes", type=int, required=True)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--case", choices=("sum", "train", "tp", "rule"), required=True)
+    parser.add_argument("--calls", type=int, default=3)
+    parser.add_argument("--size", type=int, default=256)
+    parser.add_argument("--local", action="store_true", help="the rule case on each process's own values")
+    parser.add_argument("--seconds", type=float, default=0.0, help="time jax.jit and eqsat, interleaved")
+    args = parser.parse_args()
+
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"localhost:{args.port}", num_processes=args.processes, process_id=args.index)
+
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    import eqsat
+    from eqsat import processes
+    from eqsat.measure import compare
+
+    fun, inputs = _case(args)
+    options = {"rules": [RULE]} if args.case == "rule" else {}
+    fast = eqsat.optimize(fun, **options)
+    reference = jax.jit(fun)
+    differences = []
+    for _ in range(args.calls):
+        got, want = fast(*inputs), reference(*inputs)
+        got, want = (multihost_utils.process_allgather(v, tiled=True) for v in (got, want))
+        leaves = zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
+        differences.append(max(float(np.max(np.abs(np.asarray(g) - np.asarray(w)))) for g, w in leaves))
+    plan = fast.plan(*inputs)
+    report: dict[str, Any] = {
+        "process": args.index,
+        "differences": differences,
+        "rewritten": plan.rewritten_ops(),
+        "fallback": plan.fallback,
+        "measured": None if plan.measured is None else plan.measured.get("decision"),
+    }
+    if args.seconds:
+        # every process times the same rounds: the collectives of each call meet
+        across = functools.partial(processes.slowest, "bench")
+        result = compare(reference, fast, inputs, seconds=args.seconds, min_rounds=5, across=across)
+        report.update(jit_s=result.baseline_s, eqsat_s=result.candidate_s, ratio=result.ratio, rounds=result.rounds)
+    print(json.dumps(report), flush=True)
+    jax.distributed.shutdown()
+
+
+def _case(args: argparse.Namespace) -> tuple[Any, tuple]:
+    """The case's function and its global (or, with --local, process-local) inputs."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((args.processes,), ("d",), axis_types=(AxisType.Auto,))
+    rng = np.random.default_rng(0)  # the same global values in every process
+
+    def put(value: np.ndarray, spec: P) -> jax.Array:
+        value = value.astype(np.float32) if value.dtype.kind == "f" else value
+        return jax.make_array_from_callback(value.shape, NamedSharding(mesh, spec), lambda index: value[index])
+
+    n = args.size
+    if args.case == "sum":
+        x = put(rng.standard_normal((n, n)) / np.sqrt(n), P(None, "d"))
+        weights = [put(rng.standard_normal((n, n)) / np.sqrt(n), P("d", None)) for _ in range(12)]
+        return (lambda x, ws: sum(x @ w for w in ws)), (x, weights)
+    if args.case == "tp":
+        x = put(rng.standard_normal((n, 4 * n)), P(None, "d"))
+        w, b = put(rng.standard_normal((4 * n, n)) / n, P("d", None)), put(rng.standard_normal(n), P())
+        return (lambda x, w, b: jax.nn.gelu(x @ w + b)), (x, w, b)
+    if args.case == "train":
+        params = {
+            "w1": put(rng.standard_normal((64, n)) / 8, P()),
+            "w2": put(rng.standard_normal((n, 32)) / np.sqrt(n), P()),
+        }
+        x = put(rng.standard_normal((16 * args.processes, 64)), P("d", None))
+        labels = put(rng.integers(0, 32, 16 * args.processes).astype(np.int32), P("d"))
+
+        def loss(params: dict[str, Any], x: Any, labels: Any) -> Any:
+            logits = jnp.tanh(x @ params["w1"]) @ params["w2"]
+            return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
+
+        return jax.value_and_grad(loss), (params, x, labels)
+    # rule: x >= 0 in process 0's rows, < 0 in process 1's (or, --local, in process 1's own values only)
+    rows = np.abs(rng.standard_normal((8 * args.processes, n)))
+    rows[8:] *= -1
+    if args.local:
+        return (lambda x: jnp.maximum(x, 0.0)), (jnp.asarray(rows[8 * args.index : 8 * args.index + 8]),)
+    return (lambda x: jnp.maximum(x, 0.0)), (put(rows, P("d", None)),)
+
+
+def launch(
+    processes: int,
+    case: str,
+    caches: list[Path],
+    port: int,
+    timeout: float,
+    extra: list[str] = (),
+    env: dict[int, dict[str, str]] | None = None,
+) -> list[dict[str, Any]]:
+    """Run `processes` of this script on localhost, process i with EQSAT_CACHE_DIR=caches[i] (and env[i]); every
+    one's JSON report, or RuntimeError with each one's output where any failed or ran past `timeout` seconds."""
+    root = Path(__file__).resolve().parents[1]
+    running = []
+    for i in range(processes):
+        process_env = {**os.environ, "EQSAT_CACHE_DIR": str(caches[i]), "EQSAT_CHECK_LOCKSTEP": "1"}
+        process_env.update({"EQSAT_PROCESS_TIMEOUT": str(timeout), **(env or {}).get(i, {})})
+        command = [sys.executable, "-m", "tests.multihost_programs", f"--port={port}", f"--processes={processes}"]
+        command += [f"--index={i}", f"--case={case}", *extra]
+        running.append(
+            subprocess.Popen(
+                command, cwd=root, env=process_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    outputs, failed = [], False
+    for process in running:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in running:
+                p.kill()
+            out, err = process.communicate()
+            err += f"\n(killed after {timeout} s)"
+        failed = failed or process.returncode != 0
+        outputs.append((out, err))
+    if failed:
+        text = "\n".join(
+            f"--- process {i} (exit {p.returncode}):\n{o}\n{e[-3000:]}"
+            for i, (p, (o, e)) in enumerate(zip(running, outputs))
+        )
+        raise RuntimeError(f"a process of the {case} job failed:\n{text}")
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+
+
+if __name__ == "__main__":
+    main()
