@@ -3,7 +3,9 @@
 XLA's kernels are not all near the roofline of their op class (a depthwise conv on XLA:CPU runs ~50x below a dense
 one), so a contraction-class node and each of its alternatives is priced by compiling it alone and running it on
 the device the plan is for, the median kept. Entries are keyed by op, attributes, input shapes and dtype, and kept
-per device and jax version as versioned JSON in eqsat's cache directory, so a later process measures nothing again.
+per device and jax version as versioned JSON in eqsat's cache directory, so a later process measures nothing again;
+processes sharing that directory (jobs, hosts on a network file system) merge their entries into the file under its
+lock, so none is lost.
 A cache measured elsewhere (a GPU machine) is imported with `python -m eqsat tune --import FILE` and prices plans
 for the profile that names that device. A new shape of a kernel measured before is priced from the nearest shape
 measured (`transferred`) instead of measured again: what a kernel achieves against its roofline changes little
@@ -14,6 +16,7 @@ and left out, with a warning, where a cache file is read for planning; no cache 
 function from being planned, and a cache that cannot be written keeps its timings in memory.
 """
 
+import contextlib
 import json
 import logging
 import math
@@ -33,15 +36,7 @@ from jax import lax
 
 from eqsat import progress
 from eqsat.errors import EqsatWarning
-from eqsat.extract.cost import (
-    Profile,
-    cache_dir,
-    cache_file_lock,
-    keep_cache,
-    node_cost,
-    node_key,
-    write_cache_file,
-)
+from eqsat.extract.cost import Profile, cache_dir, cache_file_lock, keep_cache, node_cost, node_key, write_cache_file
 from eqsat.measure import median_time
 from eqsat.ops import OPS, CostClass, infer
 from eqsat.sample import example_array
@@ -97,10 +92,9 @@ class TimingCache:
         if self.path is None:
             return
         with cache_file_lock(self.path):
-            try:
+            # none yet, or one to write over (damaged, another jax version's)
+            with contextlib.suppress(FileNotFoundError, ValueError):
                 self.merge(parse(self.path.read_bytes(), str(self.path)))
-            except (FileNotFoundError, ValueError):  # none yet, or one to write over: damaged, another jax version's
-                pass
             with self.lock:
                 text = self.to_json()
             write_cache_file(self.path, text)
