@@ -95,23 +95,25 @@ def _case(args: argparse.Namespace) -> tuple[Any, tuple]:
         x = put(rng.standard_normal((n, n)) / np.sqrt(n), P(None, "d"))
         weights = [put(rng.standard_normal((n, n)) / np.sqrt(n), P("d", None)) for _ in range(12)]
         return (lambda x, ws: sum(x @ w for w in ws)), (x, weights)
-    if args.case == "tp":
+    if args.case == "tp":  # two projections of x, both sharded on the contraction dimension
         x = put(rng.standard_normal((n, 4 * n)), P(None, "d"))
-        w, b = put(rng.standard_normal((4 * n, n)) / n, P("d", None)), put(rng.standard_normal(n), P())
-        return (lambda x, w, b: jax.nn.gelu(x @ w + b)), (x, w, b)
-    if args.case == "train":
+        w1, w2 = (put(rng.standard_normal((4 * n, n)) / n, P("d", None)) for _ in range(2))
+        return (lambda x, w1, w2: jax.nn.gelu(x @ w1 + x @ w2)), (x, w1, w2)
+    if args.case == "train":  # an embedding written as one_hot @ table, a projection and a cross-entropy
+        vocab, batch = 4 * n, 16 * args.processes
         params = {
-            "w1": put(rng.standard_normal((64, n)) / 8, P()),
-            "w2": put(rng.standard_normal((n, 32)) / np.sqrt(n), P()),
+            "table": put(rng.standard_normal((vocab, 64)) / 8, P()),
+            "out": put(rng.standard_normal((64, vocab)) / 8, P()),
         }
-        x = put(rng.standard_normal((16 * args.processes, 64)), P("d", None))
-        labels = put(rng.integers(0, 32, 16 * args.processes).astype(np.int32), P("d"))
+        ids = put(rng.integers(0, vocab, (batch, 8)).astype(np.int32), P("d", None))
+        labels = put(rng.integers(0, vocab, batch).astype(np.int32), P("d"))
 
-        def loss(params: dict[str, Any], x: Any, labels: Any) -> Any:
-            logits = jnp.tanh(x @ params["w1"]) @ params["w2"]
+        def loss(params: dict[str, Any], ids: Any, labels: Any) -> Any:
+            hidden = jnp.tanh(jax.nn.one_hot(ids, vocab) @ params["table"]).mean(axis=1)
+            logits = hidden @ params["out"]
             return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
 
-        return jax.value_and_grad(loss), (params, x, labels)
+        return jax.value_and_grad(loss), (params, ids, labels)
     # rule: x >= 0 in process 0's rows, < 0 in process 1's (or, --local, in process 1's own values only)
     rows = np.abs(rng.standard_normal((8 * args.processes, n)))
     rows[8:] *= -1
@@ -134,8 +136,13 @@ def launch(
     root = Path(__file__).resolve().parents[1]
     running = []
     for i in range(processes):
-        process_env = {**os.environ, "EQSAT_CACHE_DIR": str(caches[i]), "EQSAT_CHECK_LOCKSTEP": "1"}
-        process_env.update({"EQSAT_PROCESS_TIMEOUT": str(timeout), **(env or {}).get(i, {})})
+        process_env = {
+            **os.environ,
+            "EQSAT_CACHE_DIR": str(caches[i]),
+            "EQSAT_CHECK_LOCKSTEP": "1",
+            "EQSAT_PLAN_STORE": "on",
+        }
+        process_env.update({"EQSAT_PROCESS_TIMEOUT": str(timeout / 2), **(env or {}).get(i, {})})
         command = [sys.executable, "-m", "tests.multihost_programs", f"--port={port}", f"--processes={processes}"]
         command += [f"--index={i}", f"--case={case}", *extra]
         running.append(
@@ -157,7 +164,7 @@ def launch(
     if failed:
         text = "\n".join(
             f"--- process {i} (exit {p.returncode}):\n{o}\n{e[-3000:]}"
-            for i, (p, (o, e)) in enumerate(zip(running, outputs))
+            for i, (p, (o, e)) in enumerate(zip(running, outputs, strict=True))
         )
         raise RuntimeError(f"a process of the {case} job failed:\n{text}")
     return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
