@@ -245,17 +245,22 @@ def keep_in_range(attrs: tuple, x: Any, ids: Any) -> Any:
 
 
 def masked_arg_reduce(a: "ArgReduceAttrs", x: Any) -> Any:
-    """The same index as the first position holding the max (min): a max, then a min of the positions equal to it,
-    two fused reductions where XLA:CPU's one (value, index) reduction runs 6-10x slower (benches/RESULTS.md). A NaN
-    is the extreme, as for lax.argmax: the max is then NaN, and the first NaN's position is taken."""
-    kind, axis, index_dtype = a.kind, a.axis, a.index_dtype
-    extreme = (lax.reduce_max if kind == "max" else lax.reduce_min)(x, (axis,))
+    """The index lax.argmax (argmin) gives, as a max (min) and a min over positions: two fused reductions where
+    XLA:CPU's one (value, index) reduction runs 6-10x slower (benches/RESULTS.md). The first NaN wins where a row
+    holds one, else the first position equal to the extreme (-0 equals +0). Whether the extreme of a row with a NaN
+    is NaN is the machine's: XLA:CPU's reduce_max drops NaNs on some (issue 42: a finite max before the NaN won), so
+    the extreme is trusted on NaN-free rows only: a NaN at p is coded p, the extreme at p coded n + p, and one min
+    of the codes takes a NaN first."""
+    axis, n = a.axis, x.shape[a.axis]
+    codes = np.dtype(np.int32 if 2 * n < np.iinfo(np.int32).max else np.int64)
+    extreme = (lax.reduce_max if a.kind == "max" else lax.reduce_min)(x, (axis,))
     hit = x == lax.broadcast_in_dim(extreme, x.shape, tuple(d for d in range(x.ndim) if d != axis))
-    if jnp.issubdtype(x.dtype, jnp.inexact):
-        hit = hit | (x != x)
-    positions = lax.broadcasted_iota(np.dtype(index_dtype), x.shape, axis)
-    past_end = lax.full(x.shape, x.shape[axis], np.dtype(index_dtype))
-    return lax.reduce_min(lax.select(hit, positions, past_end), (axis,))
+    positions = lax.broadcasted_iota(codes, x.shape, axis)
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return lax.reduce_min(lax.select(hit, positions, lax.full(x.shape, n, codes)), (axis,)).astype(a.index_dtype)
+    later = lax.select(hit, positions + np.array(n, codes), lax.full(x.shape, 2 * n, codes))
+    first = lax.reduce_min(lax.select(x != x, positions, later), (axis,))
+    return lax.select(first < n, first, first - np.array(n, codes)).astype(a.index_dtype)
 
 
 def pool_init(fn: str, dtype: Any) -> Any:
