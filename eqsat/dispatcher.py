@@ -74,6 +74,8 @@ class Dispatcher:
             return self.fun(*args, **kwargs)
         if self.dispatch.landings != self.plans.landings:  # a plan built in the background is ready to run
             self._switch_dispatch()
+        if self.plans.measuring and (live := self._live_call(args, kwargs)) is not None:
+            return live[0]
         # a plan not validated yet may run in this call, even one another thread builds while it runs (jax.jit's
         # trace cache is shared): then the call settles its signature's plan
         unsettled, builds, out = bool(self.plans.unchecked), self.plans.builds, None
@@ -103,8 +105,6 @@ class Dispatcher:
         path until the epoch moves again."""
         if raced or self.owed():
             out = self._settle(lambda run: run(*args, **kwargs), args, kwargs, out, results=out, raced=raced)
-        if self.plans.measuring:
-            self._measure_live(args, kwargs, out)
         epoch = self.plans.epoch  # read before the checks: a move after it leaves the fast path off
         if not self.owed() and self.dispatch.landings == self.plans.landings and not processes.CHECK_LOCKSTEP:
             self.quiet = epoch
@@ -122,21 +122,31 @@ class Dispatcher:
         self._validate(entry, flat, measure=False)
 
     @unexplained
-    def _measure_live(self, args: tuple, kwargs: dict[str, Any], out: Any) -> None:
-        """Where the guard was undecided on this call's signature, one call in guard.LIVE_EVERY times both programs
-        on its arguments, one more round (the program the dispatch runs as it runs it, the other one alone); once
-        the rounds decide, the entry settles, and every dispatch of these plans traces again where what runs
-        changed."""
+    def _live_call(self, args: tuple, kwargs: dict[str, Any]) -> tuple[Any] | None:
+        """Where the guard was undecided on this call's signature, the call runs one of the two programs, timed
+        (validate.live_call: the one the dispatch runs, as it runs it, or the other alone); once the rounds decide,
+        the entry settles, and every dispatch of these plans traces again where what runs changed. (results,), or
+        None where the call runs as any other."""
         flat, signature = self.signature(args, kwargs)
         entry = self.cache.get((signature, False))
         if entry is None or id(entry) not in self.plans.measuring or self.dispatch.donates or not concrete(flat):
-            return
+            return None
         runs = entry.call
-        dispatched, plan = functools.partial(self.dispatch.run, *args, **kwargs), functools.partial(entry.runs, *flat)
-        if validate.measured_live(self.planner, entry, flat, dispatched, plan, ran=out):
+        dispatched = functools.partial(self.dispatch.run, *args, **kwargs)
+        alone = entry.runs if runs is entry.original else validate.compiled_original(entry)
+
+        def other() -> Any:
+            return jax.tree_util.tree_unflatten(entry.out_tree, alone(*flat))
+
+        plan, original = (other, dispatched) if runs is entry.original else (dispatched, other)
+        ran, out = validate.live_call(self.planner, entry, plan, original)
+        if not ran:
+            return None
+        if not entry.undecided:
             self.plans.measuring.discard(id(entry))
             if entry.call is not runs:
                 self.plans.land()  # every dispatch of these plans traces it again
+        return (out,)
 
     def _switch_dispatch(self) -> None:
         """To the dispatch the planning thread compiled a plan in, where it did; else a fresh trace cache."""
@@ -254,7 +264,7 @@ class Dispatcher:
     def programs(self, args: tuple) -> tuple[Callable[[], list[Any]], Callable[[], list[Any]]]:
         """The captured program as jax.jit runs it (the one validation compiles) and the plan's program (the
         original where no plan runs), bound to these arguments: what a census times, apart from a call's
-        validation and the guard's live rounds (one call in guard.LIVE_EVERY would time both programs)."""
+        validation and the guard's live calls (which would run the other program on half the calls)."""
         flat, signature = self.signature(args, {})
         entry = self.entry(signature)
         return functools.partial(entry.original, *flat), functools.partial(entry.runs or entry.original, *flat)

@@ -12,8 +12,11 @@ once).
 
 An undecided measurement (a program of 0.5 s fits three rounds in the budget) is no refusal: the live calls go on
 measuring. Meanwhile a plan the cost model predicts clearly faster (CLEAR_PREDICTION) whose rounds leaned its way
-runs, otherwise the original does; one call in LIVE_EVERY also runs both programs, timed, as one more round of the
-same test, until it decides or LIVE_ROUNDS rounds have run (then the median decides, and no refusal is stored).
+is what the calls trace (under an outer transformation, say), otherwise the original is; the calls themselves run
+one program each, timed, alternating, so that two calls make one more round of the same test and no call costs
+more than the slower program. The rounds go on until the test decides, the two are even (EVEN_ROUNDS rounds whose
+middle half lie within EVEN_RATIO of each other) or LIVE_ROUNDS rounds have run; then the median decides, and no
+refusal is stored.
 """
 
 import math
@@ -30,8 +33,8 @@ from eqsat.measure import Comparison, compare
 DEFAULT_SECONDS = float(os.environ.get("EQSAT_GUARD_SECONDS", "0.3"))
 CONFIDENCE = 0.99  # one-sided: 7 of 7 rounds, 10 of 11, 12 of 14, ...
 CLEAR_PREDICTION = 1.5  # predicted speed-up above which an undecided plan keeps running
-LIVE_EVERY = 8  # while undecided, one call in this many also times both programs (a round)
 LIVE_ROUNDS = 40  # rounds after which an undecided measurement settles on its median
+EVEN_ROUNDS, EVEN_RATIO = 10, 1.1  # rounds whose interquartile ratios lie within 1/1.1-1.1 settle sooner: even
 CLEAR_RATIO = 1.3  # a geometric-mean ratio beyond one round's noise: the size test may decide it (or its inverse)
 
 
@@ -124,15 +127,16 @@ def measure(
     return _judged(rounds, predicted, source="first call", live=across is None)
 
 
-def live_round(original: Callable[[], Any], optimized: Callable[[], Any], optimized_first: bool) -> tuple[float, float]:
-    """One round on a live call's arguments: each program once, blocked (the order alternating between rounds);
-    the seconds of the original and of the plan."""
-    seconds = {}
-    for fn in (optimized, original)[:: 1 if optimized_first else -1]:
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        seconds[fn] = time.perf_counter() - start
-    return seconds[original], seconds[optimized]
+def live_timed(program: Callable[[], Any], plan: bool) -> tuple[Any, float]:
+    """A live call of one program (the plan's, or the original's: `plan`), blocked: its results and seconds."""
+    start = time.perf_counter()
+    out = jax.block_until_ready(program())
+    return out, time.perf_counter() - start
+
+
+def live_first(measured: dict[str, Any]) -> bool:
+    """Whether the plan runs first in the next live round (the order alternates between rounds)."""
+    return measured["rounds"] % 2 == 0
 
 
 def with_round(measured: dict[str, Any], seconds: tuple[float, float]) -> dict[str, Any]:
@@ -148,7 +152,8 @@ def _judged(rounds: list[tuple[float, float]], predicted: float, source: str, li
     ratios = [o / max(p, 1e-12) for o, p in rounds]
     result = Comparison.of(original, plan, ratios)
     decision, confidence, test = decide(ratios)
-    settled = decision == "undecided" and (result.rounds >= LIVE_ROUNDS or not live)
+    even = result.rounds >= EVEN_ROUNDS and 1 / EVEN_RATIO <= result.ratio_low <= result.ratio_high <= EVEN_RATIO
+    settled = decision == "undecided" and (result.rounds >= LIVE_ROUNDS or not live or even)
     if decision != "undecided":
         kept = decision == "faster"
     elif settled:
@@ -185,9 +190,9 @@ def describe(measured: dict[str, Any]) -> str:
     runs = "the plan runs" if measured["kept"] else "the original runs"
     if measured.get("live"):
         verdict = (
-            f"undecided ({_percent(measured['confidence'])} confident): {runs}"
-            + (f" (predicted {measured['predicted']:.2f}x)" if measured["kept"] else "")
-            + f" while one call in {LIVE_EVERY} measures both"
+            f"undecided ({_percent(measured['confidence'])} confident): live calls run the plan and the original in "
+            f"turn until the test decides ({runs} where a call cannot be timed"
+            + (f", predicted {measured['predicted']:.2f}x)" if measured["kept"] else ")")
         )
     elif decision == "undecided":
         verdict = f"undecided after {measured['rounds']} rounds: the median decides, {runs} (no refusal stored)"

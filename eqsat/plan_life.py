@@ -131,7 +131,7 @@ class Entry:
     captured: Any = None  # the program its background job plans (the job holds it weakly)
     state: State = State.NEW
     history: list[Event] = field(default_factory=list)
-    live_calls: int = 0  # calls since the guard was undecided (trial, measuring): one in guard.LIVE_EVERY times both
+    live_half: float | None = None  # undecided (trial, measuring): the seconds of the live round's first call
 
     def move(self, *events: Event, plan: Plan | None = None, runs: Callable[..., list[Any]] | None = None) -> "Entry":
         """The transitions `events`, in order (with the plan and program the last brings, where it brings them);

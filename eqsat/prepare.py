@@ -81,7 +81,7 @@ def _signature_call(
 
     if not entry.undecided:
         return unchanged if entry.call is entry.original else planned
-    return _measured_live(calls, entry, planned, unchanged, functools.partial(ordered, params_flat), settle)
+    return _measured_live(calls, entry, planned, unchanged, settle)
 
 
 def _measured_live(
@@ -89,14 +89,12 @@ def _measured_live(
     entry: Entry,
     planned: Callable[[tuple, list[Any]], Any],
     unchanged: Callable[[tuple, list[Any]], Any],
-    flat: Callable[[list[Any]], list[Any]],
     settle: Callable[[Callable], None],
 ) -> Callable[[tuple, list[Any]], Any]:
-    """The call of a signature whose guard was undecided: the prepared plan (`planned`) or the original
-    (`unchanged`), as the entry's state says, and on one call in guard.LIVE_EVERY a live round timing both on its
-    arguments (`flat(leaves)`: the parameters and the call's leaves, in the original's order). Once the entry is
-    settled (here, or by another prepare of the same signature) it hands `settle` the call it runs from then on,
-    which measures nothing."""
+    """The call of a signature whose guard was undecided: the prepared plan (`planned`) and the original
+    (`unchanged`) taking turns, timed (validate.live_call), where the arguments are concrete; else what the entry's
+    state says. Once the entry is settled (here, or by another prepare of the same signature) it hands `settle` the
+    call it runs from then on, which measures nothing."""
 
     def measuring(rest: tuple, leaves: list[Any]) -> Any:
         settled = not entry.undecided  # read first: a settled entry's call changes no more
@@ -104,10 +102,11 @@ def _measured_live(
         if settled:
             settle(running)
             return running(rest, leaves)
-        out = running(rest, leaves)
         if concrete(leaves):  # not while an outer transformation traces it
-            plan, runs = functools.partial(planned, rest, leaves), functools.partial(running, rest, leaves)
-            validate.measured_live(calls.planner, entry, flat(leaves), runs, plan, out)
-        return out
+            plan, original = functools.partial(planned, rest, leaves), functools.partial(unchanged, rest, leaves)
+            ran, out = validate.live_call(calls.planner, entry, plan, original)
+            if ran:
+                return out
+        return running(rest, leaves)
 
     return measuring

@@ -21,7 +21,7 @@ from eqsat.backends.lower import lower
 from eqsat.egraph_check import check_egraph
 from eqsat.errors import EqsatWarning
 from eqsat.ops import CONCAT
-from eqsat.plan_life import Entry, Event, State, Verdict
+from eqsat.plan_life import Entry, Event, Verdict
 from eqsat.planning import Planner
 from eqsat.sharding import added_collectives
 from eqsat.signature import flat_function
@@ -194,40 +194,30 @@ def timed(
     return _judged(planner, entry)
 
 
-def timed_live(planner: Planner, entry: Entry, optimized: Callable[[], Any], original: Callable[[], Any]) -> Verdict:
-    """One more round of an undecided plan's timing, on a live call's arguments: the verdict once the rounds
-    decide (or settle), else none (an empty verdict)."""
-    measured = entry.plan.measured
-    seconds = guard.live_round(original, optimized, optimized_first=measured["rounds"] % 2 == 0)
-    entry.plan.measured = guard.with_round(measured, seconds)
-    return Verdict(()) if entry.plan.measured["live"] else _judged(planner, entry)
-
-
-def measured_live(
-    planner: Planner, entry: Entry, flat: list[Any], running: Callable[[], Any], plan: Callable[[], Any], ran: Any
-) -> bool:
-    """On one live call in guard.LIVE_EVERY of an entry whose timing was undecided: one more round of it on the
-    call's arguments `flat`, the verdict applied (a round another thread runs meanwhile skips this one).
-    `running`: what the calls run now, as they run it; `plan`: the plan alone, timed where the original runs (the
-    original alone is the one validation compiled); `ran`: the call's own results, awaited first, so that the
-    round times the two programs alone. Returns whether this round settled the entry."""
-    entry.live_calls += 1
-    if entry.live_calls % guard.LIVE_EVERY or not entry.lock.acquire(blocking=False):
-        return False
+def live_call(planner: Planner, entry: Entry, plan: Callable[[], Any], original: Callable[[], Any]) -> tuple[bool, Any]:
+    """A live call of an entry whose timing was undecided: one program, timed, the plan and the original taking
+    turns (the order alternating between rounds), so that every two calls make one more round of the guard's test
+    and no call runs both; the verdict applied once the rounds decide or settle. `plan`, `original`: the call's
+    results from either program. Returns (whether it ran, its results): not where another thread's call holds the
+    entry, or settled it meanwhile (then the call runs as any other)."""
+    if not entry.lock.acquire(blocking=False):
+        return False, None
     try:
         if not entry.undecided:  # settled by another thread's call meanwhile
-            return False
-        trial = entry.state is State.TRIAL
-        optimized, original = (
-            (running, functools.partial(compiled_original(entry), *flat)) if trial else (plan, running)
-        )
-        jax.block_until_ready(ran)
+            return False, None
+        measured, first = entry.plan.measured, entry.live_half
+        plan_now = guard.live_first(measured) is (first is None)
         with jax.core.eval_context():
-            entry.apply(timed_live(planner, entry, optimized, original))
-        if entry.undecided:
-            return False
-        entry.reference = None  # an executable of its own, kept only while live calls time it
-        return True
+            out, seconds = guard.live_timed(plan if plan_now else original, plan=plan_now)
+        if first is None:
+            entry.live_half = seconds
+            return True, out
+        entry.live_half = None
+        entry.plan.measured = guard.with_round(measured, (first, seconds) if plan_now else (seconds, first))
+        if not entry.plan.measured["live"]:
+            entry.apply(_judged(planner, entry))
+            entry.reference = None  # an executable of its own, kept only while live calls time it
+        return True, out
     finally:
         entry.lock.release()
 

@@ -88,7 +88,8 @@ def test_an_undecided_measurement_of_a_marginal_prediction_runs_the_original_but
     monkeypatch.setattr(guard, "CLEAR_PREDICTION", 1e9)  # no prediction is clear
     plan, runs_plan = _guarded_plan(64)
     assert plan.measured["decision"] == "undecided" and not plan.measured["kept"] and not runs_plan
-    assert "while one call in 8 measures both" in plan.fallback and not guard.refused_for_good(plan.measured)
+    assert "live calls run the plan and the original in turn" in plan.fallback
+    assert not guard.refused_for_good(plan.measured)
 
 
 def test_the_sign_test_decides_both_ways_and_only_past_chance():
@@ -153,16 +154,19 @@ def test_a_zero_budget_measures_nothing():
 
 
 def _live_clock(monkeypatch: pytest.MonkeyPatch, ratios: list[float]) -> list[int]:
-    """Live calls' rounds give these ratios in turn (both programs run, as the real round runs them)."""
-    rounds, calls = iter(ratios), []
+    """Live calls' rounds give these ratios in turn: a round is two live calls, one of each program (each runs, as
+    a real live call runs it). Returns a list that grows by one at each live call of the plan: one per round."""
+    rounds, plan_calls = iter(ratios), []
 
-    def live_round(original: Any, optimized: Any, optimized_first: bool) -> tuple[float, float]:
-        calls.append(1)
-        original(), optimized()
-        return 1e-3, 1e-3 / next(rounds)
+    def live_timed(program: Any, plan: bool) -> tuple[Any, float]:
+        out = program()
+        if not plan:
+            return out, 1e-3
+        plan_calls.append(1)
+        return out, 1e-3 / next(rounds)
 
-    monkeypatch.setattr(guard, "live_round", live_round)
-    return calls
+    monkeypatch.setattr(guard, "live_timed", live_timed)
+    return plan_calls
 
 
 def _called(fast: Any, args: list[Any], times: int) -> Any:
@@ -172,14 +176,15 @@ def _called(fast: Any, args: list[Any], times: int) -> Any:
 
 
 def test_an_undecided_plan_runs_on_and_live_calls_decide_it_faster(monkeypatch):
-    """Issue 27: an undecided measurement is no refusal; one call in LIVE_EVERY times both until the test decides."""
+    """Issue 27: an undecided measurement is no refusal; live calls take turns running the plan and the original,
+    timed, until the test decides (issue 41: no call runs both)."""
     _clock(monkeypatch, NOISY)
     live = _live_clock(monkeypatch, FASTER * 3)
     fast = eqsat.optimize(_chain(), limits=GUARDED)
     args = _args(256)
     entry = _called(fast, args, 1)
     assert entry.state is State.TRIAL and entry.call is not entry.original  # predicted clearly faster: it runs
-    entry = _called(fast, args, guard.LIVE_EVERY * 12)
+    entry = _called(fast, args, 2 * 12)
     plan = fast.plan(*args)
     assert entry.state is State.KEPT and plan.measured["decision"] == "faster" and plan.fallback is None
     assert plan.measured["source"] == "live calls" and plan.measured["rounds"] == 10 + len(live)
@@ -188,6 +193,19 @@ def test_an_undecided_plan_runs_on_and_live_calls_decide_it_faster(monkeypatch):
     assert not calls.plans.measuring and not calls.owed()  # settled: calls take jax.jit's path again
     fast(*args)
     assert calls.quiet == calls.plans.epoch and len(live) < 12
+
+
+def test_while_undecided_each_live_call_runs_one_program_in_turn(monkeypatch):
+    """Issue 41: no live call runs both programs (a call costs at most the slower one); the plan and the original
+    take turns, the order alternating between rounds, and every call gives the program's results."""
+    _clock(monkeypatch, NOISY)
+    ran, timed = [], guard.live_timed
+    monkeypatch.setattr(guard, "live_timed", lambda program, plan: (ran.append(plan), timed(program, plan))[1])
+    fast = eqsat.optimize(_chain(), limits=GUARDED)
+    args = _args(64)
+    entry = _called(fast, args, 7)  # the first validates and measures (undecided); six live calls follow
+    assert entry.undecided and entry.plan.measured["rounds"] == 13  # NOISY's 10 and three live rounds
+    assert ran == [True, False, False, True, True, False]
 
 
 @pytest.mark.parametrize("background", [False, True])
@@ -204,7 +222,7 @@ def test_an_undecided_plan_the_original_runs_for_is_refused_once_live_calls_find
     fast(*args)
     fast.plan(*args)  # built in the background: the original ran the first call, and runs while measured
     assert _called(fast, args, 1).state is State.MEASURING
-    entry = _called(fast, args, guard.LIVE_EVERY * 20)  # 6 of 10 rounds faster first: 15 slower ones decide
+    entry = _called(fast, args, 2 * 20)  # 6 of 10 rounds faster first: 15 slower ones decide
     plan = fast.plan(*args)
     assert entry.state is State.ORIGINAL and entry.history[-2:] == [Event.SLOWER, Event.STORED]
     assert guard.refused_for_good(plan.measured) and "slower with 99% confidence" in plan.fallback
@@ -216,7 +234,7 @@ def test_an_undecided_measurement_settles_on_its_median_after_live_rounds(monkey
     _live_clock(monkeypatch, [1.2, 0.9, 1.1, 0.95])  # 2 of 4 faster: still undecided at 14 rounds
     fast = eqsat.optimize(_chain(), limits=GUARDED)
     args = _args(256)
-    entry = _called(fast, args, 1 + guard.LIVE_EVERY * 4)
+    entry = _called(fast, args, 1 + 2 * 4)
     plan = fast.plan(*args)
     assert plan.measured["rounds"] == 14 and plan.measured["decision"] == "undecided" and not plan.measured["live"]
     assert entry.state is State.KEPT and not guard.refused_for_good(plan.measured)  # median 1.075: the plan
@@ -251,18 +269,18 @@ def test_an_undecided_prepared_plan_is_decided_by_live_calls(monkeypatch, tmp_pa
     x = jnp.asarray(rng.standard_normal((256, 128)), jnp.float32)
     original = np.asarray(jax.jit(_weighted())(w, x))  # the plan's sum rounds differently: its results tell it apart
     run, other = fast.prepare(w), fast.prepare(w)
-    ran = np.asarray(run(x))
+    first, second = np.asarray(run(x)), np.asarray(run(x))  # a live round: one call runs each program
     (entry,) = [e for e in fast._calls.cache.values() if e.prepared]
     assert entry.state is (State.TRIAL if clear else State.MEASURING) and entry.plan.measured["live"]
-    assert np.array_equal(ran, original) is not clear
-    for _ in range(guard.LIVE_EVERY * 20):  # 6 of 10 rounds faster first: 15 slower ones decide
+    assert sorted([np.array_equal(first, original), np.array_equal(second, original)]) == [False, True]
+    for _ in range(2 * 20):  # 6 of 10 rounds faster first: 15 slower ones decide
         np.testing.assert_allclose(run(x), original, rtol=2e-3, atol=1e-2)
     assert entry.history[-len(after) :] == after and not entry.undecided
     assert entry.plan.measured["source"] == "live calls" and entry.plan.measured["rounds"] == 10 + len(live)
     assert guard.refused_for_good(entry.plan.measured) is (Event.SLOWER in after)
     rounds = len(live)
     for prepared in (run, other):  # settled: what it runs now, measuring nothing
-        results = [np.asarray(prepared(x)) for _ in range(guard.LIVE_EVERY * 2)]
+        results = [np.asarray(prepared(x)) for _ in range(8)]
         assert all(np.array_equal(r, original) is (Event.SLOWER in after) for r in results)
     assert len(live) == rounds
 

@@ -13,9 +13,9 @@ from eqsat.workload import Workload
 
 def settled(fast: eqsat.Optimized, args: tuple) -> eqsat.Plan:
     """The plan for args once the guard has decided: called until live calls stop measuring it (eqsat/guard.py),
-    so that what is timed next is what runs from then on, not the calls that also time both programs."""
+    so that what is timed next is what runs from then on, not the calls that take turns running both programs."""
     plan = fast.plan(*args)
-    for _ in range(guard.LIVE_EVERY * guard.LIVE_ROUNDS):
+    for _ in range(2 * guard.LIVE_ROUNDS):
         if not (plan.measured or {}).get("live"):
             break
         jax.block_until_ready(fast(*args))
