@@ -271,9 +271,22 @@ def pool_init(fn: str, dtype: Any) -> Any:
     return np.array(-np.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min, dtype)
 
 
+def window_pool(fn: str, a: "PoolAttrs", x: Any) -> Any:
+    """reduce_window of lax.max / lax.add over (window, strides, pad_low, pad_high): what jax binds as the
+    reduce_window_max / reduce_window_sum primitives (flax, keras, haiku and equinox pools)."""
+    padding = tuple(zip(a.pad_low, a.pad_high, strict=True))
+    return lax.reduce_window(
+        x, pool_init(fn, x.dtype), lax.max if fn == "max" else lax.add, a.window, a.strides, padding
+    )
+
+
 def sliced_pool(fn: str) -> Callable[..., Any]:
     """The same window reduction, of any rank, as a max / sum over one strided slice of the padded input per window
-    offset: XLA fuses it into one loop, where XLA:CPU's reduce_window runs 2-5x slower (docs/kernel-gaps.md)."""
+    offset: XLA fuses it into one loop, where XLA:CPU's reduce_window runs 2-5x slower (docs/kernel-gaps.md).
+    A float max pool whose result holds a NaN is computed again as reduce_window: what that makes of a NaN is the
+    machine's (issue 42: one returned no NaN where lax.max, which propagates them, returned 2,703), so jax.jit's
+    answer is computed, not guessed. A NaN-free result means NaN-free windows, where the two agree (infinities, and
+    +0 above -0: tests/test_pools.py)."""
 
     def lower(a: "PoolAttrs", x: Any) -> Any:
         xp = lax.pad(x, pool_init(fn, x.dtype), [(lo, hi, 0) for lo, hi in zip(a.pad_low, a.pad_high, strict=True)])
@@ -281,7 +294,14 @@ def sliced_pool(fn: str) -> Callable[..., Any]:
         total = None
         for _, tap in window_taps(xp, a.window, a.strides):
             total = tap if total is None else (lax.max(total, tap) if fn == "max" else lax.add(total, tap))
-        return total.astype(x.dtype)
+        total = total.astype(x.dtype)
+        if fn != "max" or not jnp.issubdtype(x.dtype, jnp.inexact):
+            return total
+        # NaN seen through a sum: XLA:CPU's any() of a boolean array ran 3x the pool's time, a sum 0.3x; it is NaN
+        # wherever an element is (and where +inf and -inf meet: reduce_window then runs, as exact). A cond, not a
+        # select: a NaN-free call runs the sliced loop alone.
+        nan_seen = jnp.isnan(lax.reduce_sum(accumulating(total), tuple(range(total.ndim))))
+        return lax.cond(nan_seen, lambda: window_pool(fn, a, x), lambda: total)
 
     return lower
 

@@ -343,18 +343,6 @@ def _arg_reduce(a: ArgReduceAttrs, x: Any) -> Any:
     return (lax.argmax if a.kind == "max" else lax.argmin)(x, a.axis, np.dtype(a.index_dtype))
 
 
-def _pool(fn: str) -> Callable[..., Any]:
-    """reduce_window of lax.max / lax.add over (window, strides, pad_low, pad_high): what jax binds as the
-    reduce_window_max / reduce_window_sum primitives (flax, keras, haiku and equinox pools)."""
-
-    def lower(a: PoolAttrs, x: Any) -> Any:
-        reducer = lax.max if fn == "max" else lax.add
-        padding = tuple(zip(a.pad_low, a.pad_high, strict=True))
-        return lax.reduce_window(x, kernels.pool_init(fn, x.dtype), reducer, a.window, a.strides, padding)
-
-    return lower
-
-
 def _conv_merge_key(attrs: tuple, _shapes: list[Shape | None]) -> tuple | None:
     """Ungrouped convs of one stride and dilation merge (padding left out: a 1x1 conv enlarges to its 3x3 sibling)."""
     a = ConvAttrs(*attrs)
@@ -531,8 +519,8 @@ OPS: dict[str, OpSpec] = {
                 attributes=PoolAttrs,
             )
             for name, lower, primitives in (
-                ("PoolMax", _pool("max"), ("reduce_window_max",)),
-                ("PoolSum", _pool("sum"), ("reduce_window_sum",)),
+                ("PoolMax", partial(kernels.window_pool, "max"), ("reduce_window_max",)),
+                ("PoolSum", partial(kernels.window_pool, "sum"), ("reduce_window_sum",)),
                 ("PoolMaxSliced", kernels.sliced_pool("max"), ()),
                 ("PoolSumSliced", kernels.sliced_pool("sum"), ()),
             )

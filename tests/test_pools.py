@@ -184,3 +184,69 @@ def test_pool_lowering_binds_the_pool_primitive_under_a_trace(op: str):
     jaxpr = jax.make_jaxpr(jax.jit(lambda x: OPS[op].lower(attrs, x)))(normal(1, 6, 6, 2))
     names = {e.primitive.name for e in jaxpr.jaxpr.eqns[0].params["jaxpr"].eqns}
     assert names == {"reduce_window_max" if op == "PoolMax" else "reduce_window_sum"}
+
+
+NAN, INF = np.nan, np.inf
+REDUCE_WINDOW = lax.reduce_window  # what jax binds, kept before a test stands in another machine's
+
+
+def nan_dropping_reduce_window(x: jax.Array, init: Any, fn: Callable[..., Any], *args: Any) -> jax.Array:
+    """lax.reduce_window as on a machine whose max pool drops NaNs (issue 42's XLA:CPU: no NaN where lax.max and
+    numpy give 2,703; this machine's propagates them, like lax.max)."""
+    if fn is lax.max and jnp.issubdtype(x.dtype, jnp.inexact):
+        x = lax.select(x != x, lax.full_like(x, -INF), x)
+    return REDUCE_WINDOW(x, init, fn, *args)
+
+
+def special_windows() -> np.ndarray:
+    """[1, 2, 2 * windows, 1]: 2x2 windows side by side, each with a NaN at every position beside finite values,
+    infinities and NaNs; then all NaN, all -inf, +inf, signed zeros in each order, and ties."""
+    windows = []
+    for companions in ([1, 2, 3], [-INF, -INF, -INF], [INF, 1, 2], [NAN, 1, -INF], [0.0, -0.0, 5], [-7, -8, -9]):
+        for p in range(4):
+            windows.append([*companions[:p], NAN, *companions[p:]])
+    windows += [[NAN] * 4, [-INF] * 4, [INF, -INF, 0, 1], [-0.0] * 4, [2.0] * 4]
+    windows += [[0.0 if i == p else -0.0 for i in range(4)] for p in range(4)]  # one +0 among -0s, at each place
+    cells = np.array(windows, np.float32).reshape(-1, 2, 2)  # [window, row, column]
+    return cells.transpose(1, 0, 2).reshape(1, 2, -1, 1)
+
+
+@pytest.mark.parametrize("machine", ["this one", "NaN-dropping"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_sliced_max_pool_gives_jits_answer_on_special_values(machine: str, dtype: str, monkeypatch):
+    if machine == "NaN-dropping":
+        monkeypatch.setattr(lax, "reduce_window", nan_dropping_reduce_window)
+    specials = jnp.asarray(special_windows()).astype(dtype)
+    noisy = np.array(normal(2, 9, 8, 5))
+    noisy.reshape(-1)[::7] = NAN  # overlapping padded windows with NaNs
+    for x, (window, strides, padding) in (
+        (specials, ((1, 2, 2, 1), (1, 2, 2, 1), ((0, 0),) * 4)),
+        (jnp.asarray(noisy).astype(dtype), POOLS[0][1:]),
+    ):
+        attrs = pool_attrs(window, strides, padding)
+        want = jax.jit(lambda x, attrs=attrs: OPS["PoolMax"].lower(attrs, x))(x)  # jax.jit's reduce_window_max
+        got = jax.jit(lambda x, attrs=attrs: OPS["PoolMaxSliced"].lower(attrs, x))(x)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))  # -0 and +0, -inf and +inf
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("machine", ["this one", "NaN-dropping"])
+def test_a_pool_plan_made_without_nans_gives_jits_answer_on_nans(decide_timings, machine: str, monkeypatch):
+    # issue 42: flax's nn.max_pool(x, (2, 2), (2, 2)), planned on a first call without NaN, then called with some
+    def pool(x: jax.Array) -> jax.Array:
+        return REDUCE_WINDOW(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+
+    clean = normal(4, 16, 16, 8)
+    dirty = np.array(clean)
+    dirty.reshape(-1)[::37] = NAN
+    if machine == "NaN-dropping":  # the plan's lowerings run on that machine; capture sees reduce_window_max
+        monkeypatch.setattr(lax, "reduce_window", nan_dropping_reduce_window)
+    eqsat.optimize(lambda x: pool(x)).plan(clean)  # the cache holds both forms' keys
+    decide_timings(alternatives_win=True)
+    fast = eqsat.optimize(lambda x: pool(x))  # a function of its own: optimize(pool) would share the plan above
+    fast(clean)
+    assert "PoolMaxSliced" in [node.op for node in fast.plan(clean).nodes]
+    want = jax.jit(lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID"))(dirty)
+    assert np.isnan(want).any() == (machine == "this one")
+    np.testing.assert_array_equal(fast(jnp.asarray(dirty)), want)
