@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
@@ -188,3 +189,71 @@ def test_progress_handler_nests_rows_by_depth():
     finally:
         progress.LOG.removeHandler(handler)
         progress.LOG.setLevel(logging.NOTSET)
+
+
+def _bad_inputs(tmp: Path) -> list[list[str]]:
+    """Each command with a missing file, a file that is not egglog, garbage JSON, the wrong number of --args and a
+    negative number, wherever it takes one."""
+    (tmp / "prose.egg").write_text("this is not egglog (((\n")
+    (tmp / "garbage.json").write_text("{not json")
+    (tmp / "a_file").write_text("")
+    missing, prose, garbage = str(tmp / "missing.egg"), str(tmp / "prose.egg"), str(tmp / "garbage.json")
+    fn, two, four = "test_cli:tiny", ["--args", "f32[16,8]", "f32[8,8]"], ["--args", *["f32[8,8]"] * 4]
+    return [
+        ["rules", "check", missing],
+        ["rules", "check", prose],
+        ["rules", "check", garbage],
+        ["rules", "check", "--examples", "-1"],
+        ["optimize", fn, *two],
+        ["optimize", fn, *four],
+        ["optimize", fn, *two, "f32[8,8]", "--rules", missing],
+        ["optimize", fn, *two, "f32[8,8]", "--rules", prose],
+        ["optimize", fn, *two, "f32[8,8]", "--iterations", "-1"],
+        ["optimize", fn, "--args", "f32[-8,8]", "f32[8,8]", "f32[8,8]"],
+        ["tune", fn, *two],
+        ["tune", "--import", missing],
+        ["tune", "--import", garbage],
+        ["tune", fn, *two, "f32[8,8]", "--budget", "-1"],
+        ["profile", fn, *four],
+        ["profile", fn, *two, "f32[8,8]", "--seconds", "-1"],
+        ["compare", missing],
+        ["compare", garbage],
+        ["compare", prose],
+        ["calibrate", "--seconds", "-1"],
+        ["calibrate", "--seconds", "0.01", "--out", str(tmp / "a_file" / "profile.json")],  # under a file
+        ["demo", "--model", "no_such_example"],
+        ["demo", "--seconds", "-1"],
+        ["fuzz", "--n", "-1"],
+        ["fuzz", "--jobs", "-2"],
+    ]
+
+
+def test_every_command_ends_bad_input_in_one_line_and_exit_code_2(tmp_path, capsys):
+    for argv in _bad_inputs(tmp_path):
+        try:
+            code = main([*argv, "--no-progress"])
+        except SystemExit as exit_:  # argparse's errors: its usage, then one line
+            code = exit_.code
+        err = capsys.readouterr().err
+        command = " ".join(argv[:2] if argv[0] == "rules" else argv[:1])
+        assert code == 2 and "Traceback" not in err, (argv, code, err)
+        last = err.splitlines()[-1]
+        assert last.startswith(f"python -m eqsat {command}: error: "), (argv, err)
+        assert err.count("\n") == 1 or err.startswith("usage: "), (argv, err)
+
+
+def test_wrong_arity_names_the_signature(capsys):
+    assert main(["optimize", "test_cli:tiny", "--args", "f32[16,8]", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m eqsat optimize: error: --args gives 1 spec for test_cli:tiny(x: "), err
+    assert err.endswith(": missing a required argument: 'w1'\n") and err.count("\n") == 1, err
+
+
+def test_the_process_exits_2_with_one_line(tmp_path):
+    # the issue's reports, as a shell runs them: a process of its own (python -m eqsat), not main() in pytest
+    for argv in (["rules", "check", str(tmp_path / "missing.egg")], ["optimize", "test_cli:tiny", "--args", "f32[2]"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "eqsat", *argv], capture_output=True, text=True, cwd=Path(__file__).parent
+        )
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(f"python -m eqsat {' '.join(argv[:-1] if argv[0] == 'rules' else argv[:1])}")

@@ -3,6 +3,7 @@ what the commands that work on one function share (its arguments, workload, flag
 
 import argparse
 import importlib
+import inspect
 import math
 import re
 import sys
@@ -166,6 +167,7 @@ def workload(args: argparse.Namespace) -> Any:
         return _bench(args.bench, args.scale)
     fn = _import_target(args.function)
     if args.arg_specs:
+        _check_arity(fn, args.function, len(args.arg_specs))
         example = tuple(spec.example(seed) for seed, spec in enumerate(args.arg_specs))
         return Workload(getattr(fn, "__name__", args.function), fn, example)
     try:
@@ -181,6 +183,20 @@ def workload(args: argparse.Namespace) -> Any:
             "the function itself, describe its arguments with --args"
         )
     return made
+
+
+def _check_arity(fn: Callable[..., Any], name: str, count: int) -> None:
+    """One spec per positional argument, or a usage error naming the signature (not a TypeError from tracing)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin, some C callables): tracing will tell
+        return
+    try:
+        signature.bind(*range(count))
+    except TypeError as error:
+        raise UsageError(
+            f"--args gives {count} spec{'' if count == 1 else 's'} for {name}{signature}: {error}"
+        ) from None
 
 
 def _split(args: tuple, argnums: tuple[int, ...]) -> tuple[tuple, tuple]:

@@ -5,10 +5,11 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from eqsat.progress import configure_logging, live_progress
-from eqsat.tools.cli import add_common_flags, add_optimize_command, number
+from eqsat.tools.cli import UsageError, add_common_flags, add_optimize_command, number, reporting
 from eqsat.tools.cli_measure import add_profile_command, add_tune_command
 
 
@@ -19,8 +20,7 @@ def demo(args: argparse.Namespace) -> int:
     names = args.model or list(EXAMPLES)
     for name in names:
         if name not in EXAMPLES:
-            print(f"unknown example {name!r}; choose from {sorted(EXAMPLES)}", file=sys.stderr)
-            return 2
+            raise UsageError(f"unknown example {name!r}; choose from {', '.join(sorted(EXAMPLES))}")
         work = EXAMPLES[name](args.scale)
         prepared = " (parameters declared and prepared)" if work.params_argnums else ""
         print(f"== {work.name}: {work.note}{prepared}")
@@ -79,6 +79,8 @@ def compare_censuses(paths: list[str]) -> int:
 def calibrate(args: argparse.Namespace) -> int:
     from eqsat.tools.calibrate import calibrate, summary
 
+    if args.out:  # a folder that cannot be made is an error now, not after the minute of measuring
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     print(summary(calibrate(args.seconds, args.out)))
     return 0
 
@@ -86,11 +88,7 @@ def calibrate(args: argparse.Namespace) -> int:
 def rules_check(args: argparse.Namespace) -> int:
     from eqsat.tools.verify import run_check
 
-    try:
-        return run_check(args.files, examples=args.examples, leads=args.lead)
-    except ValueError as error:
-        print(f"python -m eqsat rules check: error: {error}", file=sys.stderr)
-        return 2
+    return run_check(args.files, examples=args.examples, leads=args.lead)
 
 
 def fuzz(args: argparse.Namespace) -> int:
@@ -144,7 +142,7 @@ def _add_demo(commands: Any) -> None:
     p.add_argument("--scale", default="full", choices=["full", "small"], help="problem size")
     p.add_argument("--target", default="cpu", help="device profile to plan for")
     p.add_argument("--seconds", type=number(float, 0, above=True), default=3.0, help="timing budget per example")
-    p.set_defaults(run=demo)
+    p.set_defaults(run=reporting("demo", demo))
 
 
 def _add_compare(commands: Any) -> None:
@@ -173,7 +171,7 @@ def _add_calibrate(commands: Any) -> None:
         "--seconds", type=number(float, 0, above=True), default=60.0, help="timing budget (compilation comes on top)"
     )
     p.add_argument("--out", help="profile JSON to write (default: the user cache, where target 'cpu' finds it)")
-    p.set_defaults(run=calibrate)
+    p.set_defaults(run=reporting("calibrate", calibrate))
 
 
 def _add_rules(commands: Any) -> Any:
@@ -192,7 +190,7 @@ def _add_rules(commands: Any) -> Any:
         "--lead", action="append", metavar="ENTRY", help="programs led by this generator entry only (repeatable; an op "
         "name such as Conv, or a rule pattern such as chain); default: every entry"
     )  # fmt: skip
-    p.set_defaults(run=rules_check)
+    p.set_defaults(run=reporting("rules check", rules_check, (ValueError,)))  # ValueError: an unknown --lead
     return actions
 
 
