@@ -7,7 +7,6 @@ abstract values, so a plan can be built under any transformation of the caller.
 """
 
 import functools
-import json
 import logging
 import operator
 import time
@@ -21,14 +20,13 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jcore
 
-from eqsat import background, plan_store, processes, progress, repeats
+from eqsat import agreement, background, plan_store, processes, progress, repeats
 from eqsat.autotune import autotune
 from eqsat.backends.lower import lower, overflow_guarded, with_original_derivatives
 from eqsat.capture import capture
 from eqsat.errors import EqsatError, EqsatWarning
 from eqsat.extract.cost import Cost
 from eqsat.extract.plan import Plan, build_plan
-from eqsat.extract.report import PlanFormatError, plan_from_dict, plan_to_dict
 from eqsat.extract.timing import attached, priced
 from eqsat.ir import Graph, Opaque
 from eqsat.ops import GET, OPAQUE
@@ -111,10 +109,11 @@ class Planner:
         if isinstance(captured, Entry):
             return captured
         if processes.count() > 1:
-            return self._agreed(signature, prepared, captured)
-        return self._built(signature, prepared, captured)
+            return agreement.agreed(self, signature, prepared, captured)
+        return self.build_here(signature, prepared, captured)
 
-    def _built(self, signature: Signature, prepared: bool, captured: Captured) -> Entry:
+    def build_here(self, signature: Signature, prepared: bool, captured: Captured) -> Entry:
+        """This process's plan of the captured program: stored, or saturated and extracted here."""
         t0 = time.perf_counter() - captured.seconds
         flat_fun, out_tree, closed = captured.flat_fun, captured.out_tree, captured.closed
         try:
@@ -142,52 +141,21 @@ class Planner:
             warnings.warn(f"{why}; running the original instead", EqsatWarning, stacklevel=6)
             return self.original_entry(signature, jax.jit(flat_fun), out_tree, why)
 
-    def _agreed(self, signature: Signature, prepared: bool, captured: Captured) -> Entry:
-        """With several processes (eqsat/processes.py): process 0's entry in every process. Process 0 plans (or
-        loads, or refuses) as one process does and shares its plan; the others lower that plan on the program
-        they captured, without planning. Where any process cannot run it, every process runs the original."""
-        closed, profile = captured.closed, self.options.profile
-        topic = "plan/" + plan_store.program_key(closed, (profile.name, prepared), portable=True)
-        versions = f"eqsat {plan_store.code_version()}, jax {jax.__version__}"
-        entry: Entry | None = None
-        if processes.leads():
-            try:
-                entry = self._built(signature, prepared, captured)
-            except EqsatError as error:  # a bad rule or a shape conflict: raised in every process
-                processes.share(topic, json.dumps({"error": str(error)}))
-                raise
-            processes.share(topic, json.dumps({"plan": plan_to_dict(entry.plan), "versions": versions}))
-            problem = None
-        else:
-            shared = json.loads(processes.share(topic, None))
-            if "error" in shared:
-                raise EqsatError(shared["error"])
-            entry, problem = self._adopted(signature, prepared, captured, shared, versions)
-        problems = processes.gather(f"{topic}/lowered", problem or "")
-        if entry is None or any(problems):
-            i, why = next((i, p) for i, p in enumerate(problems) if p)
-            why = f"process {i} cannot run process 0's plan of {self.name} ({why})"
-            entry = self.original_entry(signature, _original(closed), captured.out_tree, why)
-        entry.agreement = topic
-        return entry
-
-    def _adopted(
-        self, signature: Signature, prepared: bool, captured: Captured, shared: dict[str, Any], versions: str
-    ) -> tuple[Entry | None, str | None]:
-        """The entry of process 0's plan (`shared`) in this process, or what keeps it from running here. It is
-        not stored: process 0 keeps the job's plans."""
+    def adopted_entry(
+        self,
+        signature: Signature,
+        prepared: bool,
+        captured: Captured,
+        plan: Plan,
+        call: Callable[..., list[Any]] | None,
+    ) -> Entry:
+        """The entry of a plan made by another process (eqsat/agreement.py) and lowered here (`lowered`)."""
         flat_fun, out_tree, closed = captured.flat_fun, captured.out_tree, captured.closed
-        if shared["versions"] != versions:
-            return None, f"made by {shared['versions']}, this process runs {versions}"
-        try:
-            plan = plan_from_dict(shared["plan"])
-        except PlanFormatError as error:
-            return None, str(error)
-        call, problem = self._lowered(plan, closed, signature, flat_fun)
-        if problem is not None:
-            return None, problem
-        plan.stats.pop("stored", None)  # not this process's store
-        return self._entry_of(signature, plan, flat_fun, out_tree, closed, prepared, None, Event.LOADED, call), None
+        return self._entry_of(signature, plan, flat_fun, out_tree, closed, prepared, None, Event.LOADED, call)
+
+    def fallback_entry(self, signature: Signature, captured: Captured, why: str) -> Entry:
+        """An entry that runs the captured program as jax.jit would, saying why."""
+        return self.original_entry(signature, _original(captured.closed), captured.out_tree, why)
 
     def plan(self, args: tuple, kwargs: dict[str, Any] | None = None, prepared: bool = False) -> Plan:
         """The plan for arguments of these shapes and dtypes, built afresh (not kept)."""
@@ -217,7 +185,8 @@ class Planner:
             return repeats.compose(graph, parts, glue, blocks, attached(options.profile))
         memory_weight = 1.0 if options.memory_budget is not None else 0.0
         limits = options.limits
-        profile, timing = priced(options.profile, snapshot, limits.measure_seconds, limits.timing_transfer)
+        shared = agreement.measured_everywhere if processes.led() else None  # several processes measure
+        profile, timing = priced(options.profile, snapshot, limits.measure_seconds, limits.timing_transfer, shared)
         plan = build_plan(graph, snapshot, profile, prepared, options.extractor, extract_seconds, forbid, memory_weight)
         plan.stats.update(timing)
         return plan
@@ -328,13 +297,13 @@ class Planner:
         plan = plan_store.load(key, self.options.profile)
         if plan is None:
             return None
-        call, problem = self._lowered(plan, closed, signature, flat_fun)
+        call, problem = self.lowered(plan, closed, signature, flat_fun)
         if problem is None:
             return plan, call
         plan_store.set_aside(key, problem)
         return None
 
-    def _lowered(
+    def lowered(
         self, plan: Plan, closed: jcore.ClosedJaxpr, signature: Signature, flat_fun: Callable[..., list[Any]]
     ) -> tuple[Callable[..., list[Any]] | None, str | None]:
         """A plan made elsewhere (kept by another process, or shared by process 0) with the captured program

@@ -15,11 +15,12 @@ per call). A process that waits longer than EQSAT_PROCESS_TIMEOUT seconds (defau
 """
 
 import collections
+import contextlib
 import hashlib
 import json
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -34,6 +35,7 @@ _PLAN_CLOCK = float(os.environ.get("EQSAT_TEST_PLAN_CLOCK", "1"))
 
 _uses: collections.Counter[str] = collections.Counter()  # how often each topic was exchanged: the key's suffix
 _uses_lock = threading.Lock()
+_leading = threading.local()  # the topic this thread plans under for the others, in process 0
 
 
 def count() -> int:
@@ -44,6 +46,26 @@ def count() -> int:
 def leads() -> bool:
     """Whether this process makes the decisions the others take (process 0)."""
     return jax.process_index() == 0
+
+
+def index() -> int:
+    return jax.process_index()
+
+
+@contextlib.contextmanager
+def leading(topic: str) -> Iterator[None]:
+    """Process 0 plans under `topic` in here: its steps that the others take part in (measuring kernels) send them
+    messages on it (`led`), which they follow until the plan comes."""
+    _leading.topic = topic
+    try:
+        yield
+    finally:
+        _leading.topic = None
+
+
+def led() -> str | None:
+    """The topic process 0 plans under on this thread, None elsewhere (and with one process)."""
+    return getattr(_leading, "topic", None)
 
 
 def share(topic: str, value: str | None) -> str:

@@ -418,11 +418,16 @@ def _roofline(wanted: Wanted, in_shapes: tuple[Shape, ...], profile: Profile) ->
 
 
 def priced(
-    profile: Profile, snapshot: Snapshot, measure_seconds: float, timing_transfer: float
+    profile: Profile,
+    snapshot: Snapshot,
+    measure_seconds: float,
+    timing_transfer: float,
+    measured: Callable[[TimingCache, list[Wanted], float], dict[str, int]] | None = None,
 ) -> tuple[Profile, dict[str, float]]:
     """The profile with the timing cache of its device attached, after pricing what it lacks: from the nearest
     measured shape where one is within `timing_transfer` (see `transferred`), else by measuring (on this device
-    only, within `measure_seconds`); and what happened, for the plan's stats."""
+    only, within `measure_seconds`; `measured`: how, `measure` by default); and what happened, for the plan's
+    stats."""
     if not profile.timing_device:
         return profile, {}
     cache = cache_for(profile.timing_device)
@@ -433,7 +438,7 @@ def priced(
     with cache.lock:
         cache.transfers.update(carried)
     missing = by_stake([w for w in wanted if w.key not in carried], profile)
-    counts = measure(cache, missing, measure_seconds if here else 0.0)
+    counts = (measured or measure)(cache, missing, measure_seconds if here else 0.0)
     counts["transferred"] = len(carried)
     stats = {f"timing_{k}": float(v) for k, v in counts.items()}
     if counts["measured"]:

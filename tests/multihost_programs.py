@@ -5,7 +5,10 @@ Run N of these with the same --port by tests/test_multihost.py and benches/multi
 Cases: `sum`, sum(x @ b for b in B) with x sharded on its columns and each b on its rows (every product needs an
 all-reduce; eqsat factors the sum); `train`, a data-parallel MLP training step (value_and_grad, the batch sharded,
 the gradients all-reduced); `tp`, a dense layer sharded on its contraction dimension; `rule`, max(x, 0) with a
-user rule that is wrong where x < 0, which only process 1's shard (or, with --local, only its own values) holds.
+user rule that is wrong where x < 0, which only process 1's shard (or, with --local, only its own values) holds;
+`conv`, depthwise convolutions of six shapes over a batch sharded by process (kernel choices: each is measured
+against its shifted-sum form, the measurements split among the processes); `mobilenetv2_train`, keras
+MobileNetV2's training step (benches/kernels.py, the `models` extra) with its batch of 2 sharded by process.
 
 Prints one JSON object: per call, the largest difference from jax.jit's results; the plan's rewrites and why the
 original runs, if it does; with --seconds, jax.jit's and eqsat's times in interleaved rounds.
@@ -17,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +32,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--processes", type=int, required=True)
     parser.add_argument("--index", type=int, required=True)
-    parser.add_argument("--case", choices=("sum", "train", "tp", "rule"), required=True)
+    parser.add_argument("--case", choices=("sum", "train", "tp", "rule", "conv", "mobilenetv2_train"), required=True)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--size", type=int, default=256)
     parser.add_argument("--local", action="store_true", help="the rule case on each process's own values")
     parser.add_argument("--seconds", type=float, default=0.0, help="time jax.jit and eqsat, interleaved")
+    parser.add_argument("--measure-seconds", type=float, help="the kernel measurements' budget (Limits)")
     args = parser.parse_args()
 
     import jax
@@ -48,10 +53,19 @@ def main() -> None:
     from eqsat import processes
     from eqsat.measure import compare
 
+    if os.environ.get("TEST_OTHER_PROGRAM"):  # what EQSAT_CHECK_LOCKSTEP must catch: another program reported
+        import eqsat.dispatcher
+
+        eqsat.dispatcher._program = lambda entry, flat: "another program"
     fun, inputs = _case(args)
-    options = {"rules": [RULE]} if args.case == "rule" else {}
+    options: dict[str, Any] = {"rules": [RULE]} if args.case == "rule" else {}
+    if args.measure_seconds is not None:
+        options["limits"] = eqsat.Limits(measure_seconds=args.measure_seconds)
     fast = eqsat.optimize(fun, **options)
     reference = jax.jit(fun)
+    start = time.perf_counter()
+    fast.plan(*inputs)  # cold: planned (or loaded) before the first call, in every process at once
+    plan_s = time.perf_counter() - start
     differences = []
     for _ in range(args.calls):
         got, want = fast(*inputs), reference(*inputs)
@@ -59,12 +73,17 @@ def main() -> None:
         leaves = zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)
         differences.append(max(float(np.max(np.abs(np.asarray(g) - np.asarray(w)))) for g, w in leaves))
     plan = fast.plan(*inputs)
+    kernels = [json.loads(f.read_text())["entries"] for f in Path(os.environ["EQSAT_CACHE_DIR"]).glob("timing/*.json")]
     report: dict[str, Any] = {
         "process": args.index,
+        "plan_s": plan_s,
+        "kernels_kept": sum(map(len, kernels)),  # the timing cache this process keeps
+        "measured": {k[len("timing_") :]: v for k, v in plan.stats.items() if k.startswith("timing_")},
+        "measure_s": plan.stats.get("measure_s"),  # process 0's kernel measurements, the others' shares awaited
         "differences": differences,
         "rewritten": plan.rewritten_ops(),
         "fallback": plan.fallback,
-        "measured": None if plan.measured is None else plan.measured.get("decision"),
+        "guard": None if plan.measured is None else plan.measured.get("decision"),
     }
     if args.seconds:
         # every process times the same rounds: the collectives of each call meet
@@ -114,6 +133,30 @@ def _case(args: argparse.Namespace) -> tuple[Any, tuple]:
             return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1))
 
         return jax.value_and_grad(loss), (params, ids, labels)
+    if args.case == "conv":  # a batch of 2 images per process, 32-64 channels, windows of 3, 5 and 7
+        blocks = [(c, k) for c in (32, 64) for k in (3, 5, 7)]
+        x = put(rng.standard_normal((2 * args.processes, n // 8, n // 8, 32)), P("d"))
+        weights = [put(rng.standard_normal((k, k, 1, c)) / k, P()) for c, k in blocks]
+
+        def net(x: Any, weights: list[Any]) -> Any:
+            for w in weights:
+                if w.shape[-1] != x.shape[-1]:
+                    x = jnp.concatenate([x, x], axis=-1)
+                dims = ("NHWC", "HWIO", "NHWC")
+                x = jax.nn.relu(
+                    jax.lax.conv_general_dilated(
+                        x, w, (1, 1), "SAME", dimension_numbers=dims, feature_group_count=x.shape[-1]
+                    )
+                )
+            return x
+
+        return net, (x, weights)
+    if args.case == "mobilenetv2_train":
+        from benches.kernels import workload
+
+        work = workload("mobilenetv2_train")
+        params, x = jax.tree.map(np.asarray, work.args)
+        return work.fn, (jax.tree.map(lambda v: put(v, P()), params), put(x, P("d")))
     # rule: x >= 0 in process 0's rows, < 0 in process 1's (or, --local, in process 1's own values only)
     rows = np.abs(rng.standard_normal((8 * args.processes, n)))
     rows[8:] *= -1

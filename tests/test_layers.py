@@ -16,7 +16,8 @@ import pytest
 LAYERS: list[tuple[str, set[str]]] = [
     ("ir and op table", {
         "eqsat", "eqsat.background", "eqsat.errors", "eqsat.graph_walk", "eqsat.guard", "eqsat.ir", "eqsat.lru",
-        "eqsat.measure", "eqsat.ops", "eqsat.progress", "eqsat.sample", "eqsat.tolerance", "eqsat.workload",
+        "eqsat.measure", "eqsat.ops", "eqsat.processes", "eqsat.progress", "eqsat.sample", "eqsat.tolerance",
+        "eqsat.workload",
         "eqsat.widening",  # the float64 reference validation judges accuracy against
         "eqsat.shape_rules",  # the op table's shape and dtype rules, read from eqsat/shapes.egg
         "eqsat.backends.kernels",  # the alternative kernels the op table's entries lower through
@@ -34,9 +35,9 @@ LAYERS: list[tuple[str, set[str]]] = [
     # the pipeline of plain values, one signature at a time; plans kept across processes are the report's JSON
     # (eqsat.extract.report), read and written here
     ("planning", {
-        "eqsat.autotune", "eqsat.budget", "eqsat.extract.report", "eqsat.options", "eqsat.plan_cache",
-        "eqsat.plan_life", "eqsat.plan_store", "eqsat.planning", "eqsat.repeats", "eqsat.sharding", "eqsat.signature",
-        "eqsat.validate",
+        "eqsat.agreement", "eqsat.autotune", "eqsat.budget", "eqsat.extract.report", "eqsat.options",
+        "eqsat.plan_cache", "eqsat.plan_life", "eqsat.plan_store", "eqsat.planning", "eqsat.repeats", "eqsat.sharding",
+        "eqsat.signature", "eqsat.validate",
     }),
     # the census is a tool, beside the API so that fast.profile() can take one (imported inside the method)
     ("API", {
