@@ -9,6 +9,7 @@
     python -m benches.kernels --only conv1d,conv3d,mamba_mixer,volumetric_cnn   # issue 26: convs of every rank
     python -m benches.kernels --only transposed_decoder   # three stride-2 flax ConvTranspose, 64 channels to 128x128
     python -m benches.kernels --only cumsum,sum30_python,sum30_reduce,sum30_stack   # issue 26 items 3 and 6
+    python -m benches.kernels --only gelu_exact   # jax.nn.gelu(x, approximate=False), float32 (issue 42 finding 3)
     python -m benches.kernels --only gelu_bf16,rmsnorm_bf16,softmax_bf16,mlp_bf16   # issue 26 item 5: bfloat16
     python -m benches.kernels --only xent,xent_grad,xent_onehot,xent_onehot_grad,xent_keras,xent_keras_grad   # item 4
 
@@ -341,6 +342,10 @@ SMALL = {  # docs/kernel-gaps.md's single ops
     "argmax": lambda: Workload("argmax", lambda x: jnp.argmax(x, axis=-1), (_normal(64, 32000),)),
     "transposed_decoder": _transposed_decoder,
     "cumsum": lambda: Workload("cumsum", lambda x: jnp.cumsum(x, axis=1), (_normal(8, 1024, 256),)),
+    # exact gelu (keras' default) over a ConvNeXt stage's activations, tails to x = -12 (issue 42 finding 3)
+    "gelu_exact": lambda: Workload(
+        "gelu_exact", functools.partial(jax.nn.gelu, approximate=False), (_normal(2, 56, 56, 384) * 3,)
+    ),
     **{
         name: lambda name=name: Workload(name, SUMS[name], (_normal(512, 256), _normal(30, 256, 256) / 16))
         for name in SUMS

@@ -640,8 +640,6 @@ OPS: dict[str, OpSpec] = {
         # (jax.nn.gelu(approximate=False), keras' default) is x / 2 * erfc(-x / sqrt 2)
         _unary("Erf", lax.erf, "erf", flops_per_element=11.0),
         _unary("Erfc", lax.erfc, "erfc", flops_per_element=40.0),
-        # erfc(z) as 1 - erf(z), what torch's gelu computes: exact to float32's rounding of 1 (rules/kernels.egg)
-        _unary("ErfcFromErf", lambda a: 1 - lax.erf(a), None, flops_per_element=12.0, alternative=True),
         # silu, x * logistic(x), as h + h * tanh(h), h = x / 2: one loop, XLA:CPU's tanh cheaper than its logistic
         # (rules/kernels.egg)
         _unary("SiluFromTanh", kernels.silu_from_tanh, None, alternative=True),

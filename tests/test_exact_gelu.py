@@ -1,10 +1,11 @@
-"""Exact gelu (x / 2 * erfc(-x / sqrt 2)) with erfc computed as 1 - erf: priced cheaper by the op table's work per
-element, rewritten only inside gelu's product, and as accurate as the original there."""
+"""Exact gelu (x / 2 * erfc(-x / sqrt 2)) keeps XLA's erfc: 1 - erf, the faster form, loses every digit in the tail
+(issue 42 finding 3), and no exact form measured faster than erfc (rules/kernels.egg)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from scipy import special
 
 import eqsat
 from extract.cost import load_bundled, node_cost
@@ -14,29 +15,35 @@ def _exact_gelu(x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x, approximate=False)
 
 
-def test_erfc_is_priced_above_one_minus_erf_and_erf_above_a_memory_pass():
+def _relative_errors(got: jax.Array, x: jax.Array) -> np.ndarray:
+    wide = np.asarray(x, np.float64)
+    exact = wide / 2 * special.erfc(-wide / np.sqrt(2))
+    return np.abs(np.asarray(got, np.float64) - exact) / np.abs(exact)
+
+
+def test_erfc_is_priced_above_erf_and_erf_above_a_memory_pass():
     cpu, shape = load_bundled("cpu"), (2, 56, 56, 384)
-    seconds = {op: node_cost(op, [shape], shape, "float32", cpu).seconds for op in ("Erfc", "ErfcFromErf", "Neg")}
-    # measured on XLA:CPU over this shape: erfc 1.32 ms, 1 - erf 0.51 ms, a pass 0.30 ms
-    assert seconds["Erfc"] > 2 * seconds["ErfcFromErf"] > 2 * seconds["Neg"]
+    seconds = {op: node_cost(op, [shape], shape, "float32", cpu).seconds for op in ("Erfc", "Erf", "Neg")}
+    # measured on XLA:CPU over this shape: erfc 1.32 ms, erf 0.51 ms, a pass 0.30 ms
+    assert seconds["Erfc"] > 2 * seconds["Erf"] > 2 * seconds["Neg"]
 
 
-def test_exact_gelu_computes_erfc_through_erf_and_agrees_with_the_original():
-    x = jax.random.normal(jax.random.key(0), (64, 256)) * 4  # tails on both sides: erfc's argument up to about 11
+def test_exact_gelu_is_as_accurate_as_jit_in_its_tails():
+    # the tail where erfc(-x / sqrt 2) is below float32's rounding of 1, beside ordinary values that set the
+    # result's scale (which hid 1 - erf's error from validation)
+    tail = jnp.linspace(-10.0, -3.0, 7001)
+    x = jnp.concatenate([tail, jax.random.normal(jax.random.key(0), (4096,)) * 3])
     fast = eqsat.optimize(_exact_gelu)
-    plan = fast.plan(x)
-    assert plan.rules_fired.get("gelu-erfc-from-erf") == 1 and "ErfcFromErf" in plan.rewritten_ops()
+    fast.plan(x)
     got, want = fast(x), jax.jit(_exact_gelu)(x)
     assert fast.plan(x).fallback is None
-    exact = jax.nn.gelu(np.asarray(x, np.float64), approximate=False)
-    # within a few roundings of the result's scale of the float64 value, as the original is
-    scale = float(np.max(np.abs(exact)))
-    assert np.max(np.abs(np.asarray(got, np.float64) - exact)) < 8 * float(jnp.finfo(jnp.float32).eps) * scale
-    assert np.max(np.abs(np.asarray(want, np.float64) - exact)) < 8 * float(jnp.finfo(jnp.float32).eps) * scale
+    ours, jits = _relative_errors(got[: tail.size], tail), _relative_errors(want[: tail.size], tail)
+    assert np.max(jits) < 1e-5 and np.max(ours) <= 4 * np.max(jits)  # 1 - erf: 2.0 at x = -5.3
+    six = int(np.argmin(np.abs(tail + 6)))
+    assert got[six] < 0  # -5.9e-9, not -0
 
 
 def test_an_erfc_of_its_own_keeps_its_tail():
     z = jnp.linspace(0.0, 9.0, 4096)  # erfc(9) is 4e-37: 1 - erf(9) is 0
     fast = eqsat.optimize(lambda z: lax.erfc(z) * 2)
-    assert "ErfcFromErf" not in fast.plan(z).rewritten_ops()
     np.testing.assert_array_equal(fast(z), jax.jit(lambda z: lax.erfc(z) * 2)(z))

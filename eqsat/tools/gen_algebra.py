@@ -25,11 +25,6 @@ def _unary(fn: Callable[..., Any], domain: str = "") -> Callable[[DrawFn, Progra
     return gen
 
 
-def exact_gelu(x: Any) -> Any:
-    """jax.nn.gelu(x, approximate=False): x / 2 * erfc(-x / sqrt 2)."""
-    return jax.nn.gelu(x, approximate=False)
-
-
 def _binary(fn: Callable[..., Any], positive_right: bool = False) -> Callable[[DrawFn, Program], int]:
     def gen(draw: DrawFn, prog: Program) -> int:
         a = any_value(draw, prog)
@@ -387,7 +382,6 @@ ALGEBRA: dict[str, Callable[[DrawFn, Program], int]] = {
     "Rsqrt": _unary(lax.rsqrt, "positive"),
     "Erf": _unary(lax.erf),
     "Erfc": _unary(lax.erfc),
-    "ErfcFromErf": _unary(exact_gelu),  # what rules/kernels.egg rewrites into it
     "SiluFromTanh": _unary(jax.nn.silu),  # the same
     "Concat": _gen_concat,
     "Slice": _gen_slice,
