@@ -189,7 +189,12 @@ def timed(
         with jax.core.eval_context():
             across = None if entry.agreement is None else functools.partial(processes.slowest, entry.agreement)
             entry.plan.measured = guard.measure(
-                original, optimized, planner.options.limits.guard_seconds, warm, entry.plan.predicted_speedup, across
+                original,
+                optimized,
+                planner.options.limits.guard_seconds,
+                warm,
+                entry.plan.predicted_speedup,
+                across=across,
             )
     return _judged(planner, entry)
 

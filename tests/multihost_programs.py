@@ -57,6 +57,10 @@ def main() -> None:
         import eqsat.dispatcher
 
         eqsat.dispatcher._program = lambda entry, flat: "another program"
+    if os.environ.get("TEST_OTHER_VERSION"):  # a host with another eqsat installed
+        import eqsat.plan_store
+
+        eqsat.plan_store.code_version = lambda: "another version"
     fun, inputs = _case(args)
     options: dict[str, Any] = {"rules": [RULE]} if args.case == "rule" else {}
     if args.measure_seconds is not None:

@@ -38,10 +38,20 @@ def test_cold_processes_with_caches_of_their_own_run_one_plan(tmp_path: Path, ca
     assert reports[0]["rewritten"] and reports[0]["fallback"] is None  # each case has a plan that runs
 
 
-def test_four_processes_sharing_one_cache_run_one_plan(tmp_path: Path) -> None:
-    reports = _run(tmp_path, "sum", ["shared"] * 4)
+@pytest.mark.parametrize("case", ["sum", "train", "tp"])
+def test_four_processes_sharing_one_cache_run_one_plan(tmp_path: Path, case: str) -> None:
+    reports = _run(tmp_path, case, ["shared"] * 4)
     _agree(reports)
-    assert reports[0]["rewritten"] == {"Add": 11, "Dot": 1}  # sum(x @ b for b in B) as x @ sum(B)
+    assert reports[0]["rewritten"] and reports[0]["fallback"] is None
+    if case == "sum":
+        assert reports[0]["rewritten"] == {"Add": 11, "Dot": 1}  # sum(x @ b for b in B) as x @ sum(B)
+
+
+def test_a_host_with_another_eqsat_runs_the_original_with_every_other(tmp_path: Path) -> None:
+    """Process 1's eqsat is another version: it cannot take process 0's plan, so no process runs it."""
+    reports = _run(tmp_path, "sum", ["a", "b"], env={1: {"TEST_OTHER_VERSION": "1"}})
+    _agree(reports)
+    assert "process 1 cannot run process 0's plan (made by eqsat" in reports[0]["fallback"]
 
 
 def test_a_host_with_a_stored_plan_beside_a_cold_one(tmp_path: Path) -> None:
@@ -54,12 +64,13 @@ def test_a_host_with_a_stored_plan_beside_a_cold_one(tmp_path: Path) -> None:
 
 
 def test_a_guard_that_disagrees_between_processes_refuses_the_plan_everywhere(tmp_path: Path) -> None:
-    """Process 1's clock says the plan is 50x slower: the slowest process's rounds decide, in both."""
-    guard = {"EQSAT_GUARD_SECONDS": "0.3"}
+    """Process 1's clock says the plan is 50x slower: the slowest process's rounds decide, in both (slower, or on a
+    loaded machine where a round's hiccup keeps the tests from deciding, undecided with the median 50x slower)."""
+    guard = {"EQSAT_GUARD_SECONDS": "1"}
     reports = _run(tmp_path, "sum", ["a", "b"], env={0: guard, 1: {**guard, "EQSAT_TEST_PLAN_CLOCK": "50"}})
     _agree(reports)
-    assert [r["guard"] for r in reports] == ["slower", "slower"]
-    assert "slower" in reports[0]["fallback"]
+    assert reports[0]["guard"] == reports[1]["guard"] in ("slower", "undecided")
+    assert "the original runs" in reports[0]["fallback"]
 
 
 def test_planning_in_the_background_lands_at_the_same_call_everywhere(tmp_path: Path) -> None:

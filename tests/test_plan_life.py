@@ -102,7 +102,7 @@ def test_mismatched_and_the_refusal_stored(store, recwarn):
 
 
 def test_slower_falls_back(monkeypatch):
-    def measured_slower(original, optimized, seconds, warm=False, predicted=1.0):
+    def measured_slower(original, optimized, seconds, warm=False, predicted=1.0, across=None):
         return {
             **{"ratio": 0.5, "ratio_low": 0.4, "ratio_high": 0.6, "rounds": 9, "faster_rounds": 0},
             **{"decision": "slower", "confidence": 0.998, "predicted": predicted, "kept": False},
