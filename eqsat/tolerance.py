@@ -1,12 +1,13 @@
 """The one tolerance model: how far an optimized result may be from the original's and still count as equal.
 
 Two uses, two scales. Validation (eqsat/api.py, memory budgets) compares whole programs' results: an element may
-differ by VALIDATION_RTOL of its own magnitude plus a small share of the result's scale, and by what the original's
-own sensitivity leaves undetermined (beyond_conditioning). Rule checking (eqsat/egraph_check.py, `rules check`)
-compares one e-node with its e-class, far more tightly (rule_tolerance).
+differ by VALIDATION_RTOL of its own magnitude, and by what the original's own sensitivity leaves undetermined
+(beyond_conditioning); a small share of the result's scale only where the original does not determine the element to
+its own magnitude (a sum whose terms cancel), not where it does (gelu's tail, 1e-9 beside values of 10). Rule checking
+(eqsat/egraph_check.py, `rules check`) compares one e-node with its e-class, far more tightly (rule_tolerance).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -42,8 +43,11 @@ def comparable(values: list[Any]) -> list[np.ndarray]:
 
 
 def mismatch(expected: list[Any], got: list[Any]) -> str | None:
-    """None if every result agrees within the dtype's tolerance, else what differed (the first that did)."""
-    return next(filter(None, map(differs, range(len(expected)), expected, got)), None)
+    """None if every result agrees within the dtype's tolerance, every element allowed a share of its result's scale
+    (no original here to tell which elements it determines to their own magnitude), else what differed (the first
+    that did)."""
+    found = (differs(k, w, h, by_scale=True) for k, (w, h) in enumerate(zip(expected, got, strict=False)))
+    return next(filter(None, found), None)
 
 
 def beyond_conditioning(
@@ -55,30 +59,47 @@ def beyond_conditioning(
     rounding, which re-association changes: the original is run on its float inputs perturbed by a few ulps, and
     an element may differ by CONDITIONING times as much as the original's own result moved under any of up to
     _PERTURBATIONS perturbations."""
+    global _last_moved
+    moved: list[np.ndarray | None] = [None] * len(expected)
+    for moved in _movements(original, flat, expected):  # the spread only grows: the first that explains got decides
+        if _first_beyond(expected, got, moved) is None:
+            return None
+    _last_moved = (expected, moved)
+    return _first_beyond(expected, got, moved)
+
+
+# beyond_conditioning's last measure, with the results it was taken for: validation calls less_accurate next on the
+# same results, which judges each element by the same measure
+_last_moved: tuple[list[Any], list[np.ndarray | None]] | None = None
+
+
+def _movements(original: Callable[..., list[Any]], flat: list[Any], expected: list[Any]) -> Iterator[list[Any]]:
+    """How far each float result of the original moves, at most, under its first 1, 2, ... _PERTURBATIONS
+    perturbations of the inputs (None for the others); none where it does not run on perturbed inputs."""
     rng = np.random.default_rng(0)
     moved: list[np.ndarray | None] = [None] * len(expected)
-    for _ in range(_PERTURBATIONS):  # the spread only grows: the first perturbation that explains got decides
+    for _ in range(_PERTURBATIONS):
         perturbed = [_perturbed(x, rng) for x in flat]
         try:
             values = comparable(original(*perturbed))
         except Exception:  # an input the program reads exactly (a table index as float): no sensitivity known
-            break
+            return
         for k, value in enumerate(values):
             if np.asarray(value).dtype.name in VALIDATION_RTOL:
                 delta = np.abs(np.asarray(value, np.float64) - np.asarray(expected[k], np.float64))
                 moved[k] = delta if moved[k] is None else np.maximum(moved[k], delta)
-        found = _first_beyond(expected, got, moved)
-        if found is None:
-            return None
-    else:
-        return found
-    return _first_beyond(expected, got, moved)
+        yield moved
+
+
+def _spread(moved: np.ndarray | None) -> np.ndarray | None:
+    """What the original leaves undetermined at each element: CONDITIONING times how far it moved."""
+    return None if moved is None else _CONDITIONING * np.nan_to_num(moved, nan=0.0, posinf=0.0)
 
 
 def _first_beyond(expected: list[Any], got: list[Any], moved: list[np.ndarray | None]) -> tuple[int, str] | None:
     for k, (want, have) in enumerate(zip(expected, got, strict=True)):
-        spread = None if moved[k] is None else _CONDITIONING * np.nan_to_num(moved[k], nan=0.0, posinf=0.0)
-        problem = differs(k, want, have, spread)
+        # no measure (a result the perturbed program did not give): each element by the result's scale, as before
+        problem = differs(k, want, have, _spread(moved[k]), by_scale=moved[k] is None)
         if problem:
             return k, problem
     return None
@@ -96,8 +117,12 @@ def less_accurate(
     differs is about as accurate as the original's own (its largest error against the float64 reference within
     ACCURACY_FACTOR of the original's, plus a few roundings of the result's scale, plus ACCURACY_FACTOR times what
     float64's own rounding leaves undetermined at each element: the reference evaluated again with every
-    operation's result an ulp up). Where the program does not run in float64 (an input it reads bit for bit),
+    operation's result an ulp up; at an element the original determines to its own magnitude, the same by that
+    magnitude: relative errors). Where the program does not run in float64 (an input it reads bit for bit),
     `unjudged`: what the caller found without the reference."""
+    global _last_moved
+    last, _last_moved = _last_moved, None
+    moved = last[1] if last is not None and last[0] is expected else None
     reference, blurred = _in_float64(original, flat), None
     for k, (want, have) in enumerate(zip(expected, got, strict=True)):
         problem = differs(k, want, have)
@@ -108,7 +133,11 @@ def less_accurate(
             return unjudged
         blurred = _in_float64(original, flat, rounded_up=True) if blurred is None else blurred
         blur = np.zeros(exact.shape) if blurred is None else np.abs(np.asarray(blurred[k], np.float64) - exact)
-        problem = _accuracy_problem(k, np.asarray(want), np.asarray(have), exact.astype(np.float64), blur)
+        if moved is None:  # called on its own: the measure beyond_conditioning takes
+            moved = list(_movements(original, flat, expected))[-1:] or [[None] * len(expected)]
+            moved = moved[0]
+        spread = _spread(moved[k])
+        problem = _accuracy_problem(k, np.asarray(want), np.asarray(have), exact.astype(np.float64), blur, spread)
         if problem:
             return k, problem
     return None
@@ -119,7 +148,9 @@ def less_accurate(
 ACCURACY_FACTOR = 4.0
 
 
-def _accuracy_problem(k: int, want: np.ndarray, have: np.ndarray, exact: np.ndarray, blur: np.ndarray) -> str | None:
+def _accuracy_problem(
+    k: int, want: np.ndarray, have: np.ndarray, exact: np.ndarray, blur: np.ndarray, spread: np.ndarray | None
+) -> str | None:
     w, h = want.astype(np.float64), have.astype(np.float64)
     finite = np.isfinite(exact) & np.isfinite(w)
     if not np.all(np.isfinite(h)[finite]):
@@ -127,18 +158,34 @@ def _accuracy_problem(k: int, want: np.ndarray, have: np.ndarray, exact: np.ndar
     plan_error, own_error = np.abs(h - exact)[finite], np.abs(w - exact)[finite]
     if plan_error.size == 0:
         return None
-    floor = _SCALE_ROUNDINGS * float(jnp.finfo(want.dtype).eps) * float(np.max(np.abs(exact[finite])))
+    eps, magnitude = float(jnp.finfo(want.dtype).eps), np.abs(exact[finite])
+    floor = _SCALE_ROUNDINGS * eps * float(np.max(magnitude))
     # where float64's own rounding blurs the reference, an error within a few times that blur is no error
-    allowed = ACCURACY_FACTOR * (float(np.max(own_error)) + np.nan_to_num(blur[finite], nan=0.0, posinf=0.0)) + floor
+    blur = np.nan_to_num(blur[finite], nan=0.0, posinf=0.0)
+    allowed = ACCURACY_FACTOR * (float(np.max(own_error)) + blur) + floor
+    # an element the original determines to its own magnitude (gelu's tail): the same judgment in relative terms,
+    # against the original's largest relative error over such elements, never more than the scale allows
+    own = _own_scale(want.dtype, w[finite], None if spread is None else np.broadcast_to(spread, finite.shape)[finite])
+    own &= (magnitude > 0) & (spread is not None)
+    relative = float(np.max(own_error[own] / magnitude[own], initial=0.0))
+    by_own = ACCURACY_FACTOR * (relative * magnitude + blur) + _SCALE_ROUNDINGS * eps * magnitude
+    if spread is not None:
+        by_own = by_own + np.broadcast_to(spread, finite.shape)[finite]
+    allowed = np.where(own, np.minimum(by_own, allowed), allowed)
     if np.all(plan_error <= allowed):
         return None
-    i = int(np.argmax(plan_error - allowed))
+    i = int(np.argmax((plan_error - allowed) / np.where(own, magnitude, float(np.max(magnitude)))))
+    how = (
+        f"an element it determines to its own magnitude: {ACCURACY_FACTOR:g}x its largest relative error over such "
+        f"elements, {relative:.3g}, plus {_SCALE_ROUNDINGS} roundings of the element, {allowed[i]:.3g} in all"
+        if own[i]
+        else f"at most {np.max(own_error):.3g} over the result, and {ACCURACY_FACTOR:g}x that plus {floor:.3g} is "
+        f"allowed, and {ACCURACY_FACTOR:g}x the float64 evaluation's own rounding there, {blur[i]:.3g}"
+    )
     return (
         f"result {k}: less accurate than the original, e.g. {h[finite][i]:.6g} where the float64 evaluation gives "
         f"{exact[finite][i]:.6g} (error {plan_error[i]:.3g}; the original's {w[finite][i]:.6g} errs by "
-        f"{own_error[i]:.3g}, at most {np.max(own_error):.3g} over the result, and {ACCURACY_FACTOR:g}x that plus "
-        f"{floor:.3g} is allowed, and {ACCURACY_FACTOR:g}x the float64 evaluation's own rounding there, "
-        f"{blur[finite][i]:.3g})"
+        f"{own_error[i]:.3g}, {how})"
     )
 
 
@@ -246,10 +293,28 @@ def _perturbed(x: Any, rng: np.random.Generator) -> Any:
     return (array.astype(np.float64) * (1 + _PERTURBATION_ULPS * eps * signs)).astype(array.dtype)
 
 
-def differs(k: int, want: Any, have: Any, spread: np.ndarray | None = None) -> str | None:
-    """What is wrong with result k, or None. Each element must be within rtol of its own magnitude plus a small
+def _own_scale(dtype: np.dtype, want: np.ndarray, spread: np.ndarray | None) -> np.ndarray:
+    """The elements judged by their own magnitude: in the normal range, and moved by the original's own sensitivity
+    (`spread`, where measured) by at most rtol of it. Not zeros, nor what a sum cancels to (its rounding moves it);
+    in bfloat16 and float16 none: a perturbation of a few of their ulps, CONDITIONING times, is beyond rtol itself."""
+    magnitude, rtol, finfo = np.abs(want), VALIDATION_RTOL[np.dtype(dtype).name], jnp.finfo(dtype)
+    if _CONDITIONING * _PERTURBATION_ULPS * float(finfo.eps) > rtol:
+        return np.zeros(magnitude.shape, bool)
+    own = magnitude >= float(finfo.tiny)
+    return own if spread is None else own & (spread <= rtol * magnitude)
+
+
+def differs(k: int, want: Any, have: Any, spread: np.ndarray | None = None, by_scale: bool = False) -> str | None:
+    """What is wrong with result k, or None. Each element must be within rtol of its own magnitude, plus `spread`
+    (what the original's own sensitivity leaves undetermined there), plus, where the original does not determine it
+    to that magnitude (_own_scale; with no spread measured, only zeros and values below the normal range), a small
     share of the result's scale: re-association changes an element by a few roundings of the largest terms it sums
-    (about 1e-6 of the scale for float32 sums of 4,096 terms), which an element near zero cannot absorb itself."""
+    (about 1e-6 of the scale for float32 sums of 4,096 terms), which an element near zero cannot absorb itself.
+    `by_scale`: every element gets that share (mismatch: no original to measure the spread with).
+
+    With no spread, an element near zero that differs from its own value by more than rtol is a difference to
+    explain (beyond_conditioning measures the spread): an exact gelu's tail computed as 1 - erf (-1.1e-6 for
+    -3.6e-7 beside values of 10) was within the share and accepted."""
     want, have = np.asarray(want), np.asarray(have)
     if want.shape != have.shape or want.dtype != have.dtype:
         return f"result {k}: {have.shape} {have.dtype} instead of {want.shape} {want.dtype}"
@@ -265,16 +330,19 @@ def differs(k: int, want: Any, have: Any, spread: np.ndarray | None = None) -> s
     w, h = w[finite], h[finite]  # only finite values are subtracted: no numpy warnings leak
     scale = float(np.max(np.abs(w), initial=0.0))
     share = max(rtol * _SCALE_SHARE, _SCALE_ROUNDINGS * float(jnp.finfo(want.dtype).eps))
-    allowed = rtol * np.abs(w) + share * scale
+    spread = None if spread is None else np.broadcast_to(spread, finite.shape)[finite]
+    own = np.zeros(w.shape, bool) if by_scale else _own_scale(want.dtype, w, spread)
+    allowed = rtol * np.abs(w) + np.where(own, 0.0, share * scale)
     if spread is not None:  # what the original's own sensitivity leaves undetermined (beyond_conditioning)
-        allowed = allowed + np.broadcast_to(spread, finite.shape)[finite]
+        allowed = allowed + spread
     bad = np.abs(w - h) > allowed
     if not np.any(bad):
         return None
-    i = int(np.argmax(np.abs(w - h) - allowed))
+    i = int(np.argmax((np.abs(w - h) - allowed) / np.where(own, np.abs(w), max(scale, 1e-300))))
+    how = "its own scale" if own[i] else f"{share:.3g} x max |value| {scale:.3g}"
     return (
         f"result {k}: {int(bad.sum())} of {w.size} elements differ, e.g. {h[i]:.6g} instead of {w[i]:.6g} "
-        f"(allowed {rtol:g} x |value| + {share:.3g} x max |value| {scale:.3g})"
+        f"(allowed {rtol:g} x |value| + {how}{'' if spread is None else f' + the spread {spread[i]:.3g}'})"
     )
 
 
