@@ -96,15 +96,17 @@ def measured_everywhere(cache: TimingCache, missing: list[Wanted], seconds: floa
 def measure_share(message: dict[str, Any], topic: str, cache: TimingCache | None = None) -> dict[str, int]:
     """This process's share of the kernels process 0's plan lacks (`message`: the kernels in the order to measure
     them, and the budget), measured within the budget, then every process's timings taken into this process's
-    cache: N processes measure a plan's kernels in about 1/N of the time. The choices are dealt in turn, each with
-    all its rivals."""
+    cache: N processes measure a plan's kernels in about 1/N of the time. Each choice goes whole (all its rivals)
+    to the share with the fewest kernels so far (a kernel's compile is most of its measurement)."""
     cache = cache or cache_for(local_device())
     choices: dict[str, list[Wanted]] = {}
     for values in message["measure"]:
         wanted = Wanted(*map(_tupled, values))
         choices.setdefault(wanted.eclass or wanted.key, []).append(wanted)
-    dealt = [rivals for k, rivals in enumerate(choices.values()) if k % processes.count() == processes.index()]
-    mine = [w for rivals in dealt for w in rivals]
+    shares: list[list[Wanted]] = [[] for _ in range(processes.count())]
+    for rivals in choices.values():
+        min(shares, key=len).extend(rivals)
+    mine = shares[processes.index()]
     counts = measure(cache, mine, message["seconds"])
     with cache.lock:
         timed = {w.key: cache.entries[w.key] for w in mine if w.key in cache.entries}
