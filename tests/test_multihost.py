@@ -47,6 +47,13 @@ def test_four_processes_sharing_one_cache_run_one_plan(tmp_path: Path, case: str
         assert reports[0]["rewritten"] == {"Add": 11, "Dot": 1}  # sum(x @ b for b in B) as x @ sum(B)
 
 
+def test_parameters_prepared_in_every_process_run_one_plan(tmp_path: Path) -> None:
+    """The tensor-parallel projections with their weights prepared (x @ (w1 + w2), the sum computed once)."""
+    reports = _run(tmp_path, "tp", ["a", "b"], ("--prepared",))
+    _agree(reports)
+    assert reports[0]["rewritten"] and reports[0]["fallback"] is None
+
+
 def test_a_host_with_another_eqsat_runs_the_original_with_every_other(tmp_path: Path) -> None:
     """Process 1's eqsat is another version: it cannot take process 0's plan, so no process runs it."""
     reports = _run(tmp_path, "sum", ["a", "b"], env={1: {"TEST_OTHER_VERSION": "1"}})
