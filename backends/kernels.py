@@ -183,13 +183,6 @@ def shifted_conv_bg(a: "ConvAttrs", x: Any, w: Any) -> Any:
     return lax.reshape(jnp.stack(rows), (1, *out, out_channels)).astype(x.dtype)
 
 
-def silu_from_tanh(x: Any) -> Any:
-    """x * logistic(x) as h + h * tanh(h), h = x / 2 (logistic(x) = (1 + tanh(x / 2)) / 2): XLA:CPU runs a loop of
-    this form 1.1-1.2x faster than one of x * logistic(x) (benches/RESULTS.md, session 20)."""
-    h = x * lax.full((), 0.5, x.dtype)
-    return h + h * lax.tanh(h)
-
-
 def take_rows(_attrs: tuple, table: Any, ids: Any) -> Any:
     """Rows of `table` by index, zero where the index is out of range: what one_hot(ids) @ table computes."""
     rows = jnp.take(table, ids, axis=0, mode="fill", fill_value=0)

@@ -640,9 +640,6 @@ OPS: dict[str, OpSpec] = {
         # (jax.nn.gelu(approximate=False), keras' default) is x / 2 * erfc(-x / sqrt 2)
         _unary("Erf", lax.erf, "erf", flops_per_element=11.0),
         _unary("Erfc", lax.erfc, "erfc", flops_per_element=40.0),
-        # silu, x * logistic(x), as h + h * tanh(h), h = x / 2: one loop, XLA:CPU's tanh cheaper than its logistic
-        # (rules/kernels.egg)
-        _unary("SiluFromTanh", kernels.silu_from_tanh, None, alternative=True),
         _unary("Sqrt", lax.sqrt, "sqrt"),
         _unary("Rsqrt", lax.rsqrt, "rsqrt"),
         # (IntegerPow y a): a ** y for an integer y (jax.nn.gelu's cube)

@@ -382,7 +382,6 @@ ALGEBRA: dict[str, Callable[[DrawFn, Program], int]] = {
     "Rsqrt": _unary(lax.rsqrt, "positive"),
     "Erf": _unary(lax.erf),
     "Erfc": _unary(lax.erfc),
-    "SiluFromTanh": _unary(jax.nn.silu),  # the same
     "Concat": _gen_concat,
     "Slice": _gen_slice,
     "Bcast": _gen_bcast,
