@@ -284,13 +284,14 @@ _PERTURBATIONS = 8
 
 
 def _perturbed(x: Any, rng: np.random.Generator) -> Any:
-    """A float input with each element moved by a few ulps (sign at random); other inputs as they are."""
+    """A float or complex input with each element moved by a few ulps (sign at random); other inputs as they are."""
     array = np.asarray(x) if hasattr(x, "dtype") else x
-    if not hasattr(array, "dtype") or array.dtype.name not in VALIDATION_RTOL:
+    if not hasattr(array, "dtype") or (array.dtype.name not in VALIDATION_RTOL and array.dtype.kind != "c"):
         return x
     eps = float(jax.numpy.finfo(array.dtype).eps)
     signs = rng.choice(np.array([-1.0, 1.0]), array.shape)
-    return (array.astype(np.float64) * (1 + _PERTURBATION_ULPS * eps * signs)).astype(array.dtype)
+    wide = np.complex128 if np.iscomplexobj(array) else np.float64  # (a complex input keeps its imaginary part)
+    return (array.astype(wide) * (1 + _PERTURBATION_ULPS * eps * signs)).astype(array.dtype)
 
 
 def _own_scale(dtype: np.dtype, want: np.ndarray, spread: np.ndarray | None) -> np.ndarray:
