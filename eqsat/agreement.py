@@ -7,7 +7,7 @@ runs the original.
 """
 
 import json
-from dataclasses import fields
+from dataclasses import astuple
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -83,12 +83,12 @@ def _adopted(
 def measured_everywhere(cache: TimingCache, missing: list[Wanted], seconds: float) -> dict[str, int]:
     """In process 0, while it plans: the kernels its plan needs timed (extract/timing.py `priced`), measured by
     every process, each a share (`measure_share`), where the cache lacks any; counts as `measure` gives them."""
-    lacking = [w for w in missing if w.key not in cache.entries]
-    if not lacking or seconds <= 0:
+    lacking, topic = [w for w in missing if w.key not in cache.entries], processes.led()
+    if not lacking or seconds <= 0 or topic is None:
         return measure(cache, missing, seconds)
-    message = {"measure": [[getattr(w, f.name) for f in fields(Wanted)] for w in lacking], "seconds": seconds}
-    processes.share(processes.led(), json.dumps(message))
-    counts = measure_share(message, processes.led(), cache)
+    message = {"measure": [astuple(w) for w in lacking], "seconds": seconds}
+    processes.share(topic, json.dumps(message))
+    counts = measure_share(message, topic, cache)
     counts["hits"] = len({w.key for w in missing}) - len(lacking)
     return counts
 
