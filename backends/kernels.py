@@ -256,6 +256,15 @@ def masked_arg_reduce(a: "ArgReduceAttrs", x: Any) -> Any:
     return lax.select(first < n, first, first - np.array(n, codes)).astype(a.index_dtype)
 
 
+def softmax(axis: int, x: Any) -> Any:
+    """exp(x - m) / sum(exp(x - m)) with m the largest finite element (0 where none is): jax.nn.softmax subtracts
+    the largest element, so a row holding +inf is NaN throughout (inf - inf), where the naive form the rule
+    replaces gives 0 beside the NaN; with m finite every special value meets the naive form's arithmetic."""
+    top = jnp.max(jnp.where(jnp.isfinite(x), x, -jnp.inf), axis, keepdims=True)
+    exp = jnp.exp(x - lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0)))
+    return exp / jnp.sum(exp, axis, keepdims=True)
+
+
 def pool_init(fn: str, dtype: Any) -> Any:
     """The identity a window pads with: 0 for a sum, the lowest value (-inf for floats) for a max. A numpy scalar:
     lax.reduce_window binds reduce_window_max / _sum only for a concrete identity, a traced one stays generic."""

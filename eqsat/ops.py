@@ -732,7 +732,7 @@ OPS: dict[str, OpSpec] = {
             ("i64",),
             1,
             "elementwise",
-            lambda attrs, a: jax.nn.softmax(a, axis=attrs[0]),
+            lambda attrs, a: kernels.softmax(attrs[0], a),
             "softmax",
         ),
         OpSpec(

@@ -28,6 +28,12 @@ _SCALE_SHARE = 5e-3
 _SCALE_ROUNDINGS = 8
 
 
+def _subnormal_floor(dtype: Any) -> float:
+    """A difference below the smallest normal number: XLA:CPU flushes subnormals to zero in some kernels (a dot)
+    and not in others (a gather), so jax.jit itself gives 0 or the subnormal for one value by context."""
+    return float(jnp.finfo(dtype).tiny)
+
+
 def comparable(values: list[Any]) -> list[np.ndarray]:
     """Results as arrays mismatch compares: a key as its data, a complex array as its real and imaginary
     parts (a float array, so that it gets its float tolerance), a token as nothing."""
@@ -159,7 +165,7 @@ def _accuracy_problem(
     if plan_error.size == 0:
         return None
     eps, magnitude = float(jnp.finfo(want.dtype).eps), np.abs(exact[finite])
-    floor = _SCALE_ROUNDINGS * eps * float(np.max(magnitude))
+    floor = _SCALE_ROUNDINGS * eps * float(np.max(magnitude)) + _subnormal_floor(want.dtype)
     # where float64's own rounding blurs the reference, an error within a few times that blur is no error
     blur = np.nan_to_num(blur[finite], nan=0.0, posinf=0.0)
     allowed = ACCURACY_FACTOR * (float(np.max(own_error)) + blur) + floor
@@ -174,7 +180,7 @@ def _accuracy_problem(
     allowed = np.where(own, np.minimum(by_own, allowed), allowed)
     if np.all(plan_error <= allowed):
         return None
-    i = int(np.argmax((plan_error - allowed) / np.where(own, magnitude, float(np.max(magnitude)))))
+    i = int(np.argmax((plan_error - allowed) / np.maximum(np.where(own, magnitude, np.max(magnitude)), 1e-300)))
     how = (
         f"an element it determines to its own magnitude: {ACCURACY_FACTOR:g}x its largest relative error over such "
         f"elements, {relative:.3g}, plus {_SCALE_ROUNDINGS} roundings of the element, {allowed[i]:.3g} in all"
@@ -333,7 +339,7 @@ def differs(k: int, want: Any, have: Any, spread: np.ndarray | None = None, by_s
     share = max(rtol * _SCALE_SHARE, _SCALE_ROUNDINGS * float(jnp.finfo(want.dtype).eps))
     spread = None if spread is None else np.broadcast_to(spread, finite.shape)[finite]
     own = np.zeros(w.shape, bool) if by_scale else _own_scale(want.dtype, w, spread)
-    allowed = rtol * np.abs(w) + np.where(own, 0.0, share * scale)
+    allowed = rtol * np.abs(w) + np.where(own, 0.0, share * scale) + _subnormal_floor(want.dtype)
     if spread is not None:  # what the original's own sensitivity leaves undetermined (beyond_conditioning)
         allowed = allowed + spread
     bad = np.abs(w - h) > allowed

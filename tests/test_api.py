@@ -369,7 +369,7 @@ def test_naive_softmax_and_logsumexp_become_stable():
     def naive_log_softmax(x):
         return x - jnp.log(jnp.sum(jnp.exp(x), axis=-1, keepdims=True))
 
-    x = jnp.array([[1.0, 2.0, 3.0], [100.0, 200.0, 300.0]])  # exp overflows on the second row
+    x = jnp.array([[1.0, 2.0, 3.0], [100.0, 200.0, 300.0], [0.5, 0.0, -1.0], [-2.0, 0.0, 9.0]])  # exp overflows
     assert not np.isfinite(np.asarray(jax.jit(naive_softmax)(x))).all()
     for naive, stable in ((naive_softmax, jax.nn.softmax), (naive_log_softmax, jax.nn.log_softmax)):
         fast = eqsat.optimize(naive)
@@ -377,6 +377,9 @@ def test_naive_softmax_and_logsumexp_become_stable():
             warnings.simplefilter("error")  # finite where the original overflowed is not a mismatch
             _close(fast(x), stable(x))
         assert {"Softmax", "LogSumExp"} & set(fast.plan(x).rewritten_ops())
+        # a later call with special values gives the naive form's answer (jax.nn.softmax: NaN across a row with +inf)
+        special = jnp.array([[1.0, jnp.inf, 3.0], [jnp.nan, 0.0, 1.0], [-jnp.inf, -0.0, 2.0], [-jnp.inf] * 3])
+        np.testing.assert_allclose(np.asarray(fast(special)), np.asarray(jax.jit(naive)(special)), rtol=1e-6)
 
 
 def test_validation_rejects_new_infinities_and_accepts_removed_ones():

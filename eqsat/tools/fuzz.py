@@ -9,8 +9,9 @@ extractor, parameters declared) and run under one transformation: eagerly, under
 body, with its parameters prepared, as the gradient program optimize(jax.grad(loss)), or eagerly with the plan left
 to the background (eqsat/background.py) and the call after it is ready checked, or vmapped over rows through
 `Buckets` at batch sizes that are padded and one that is not (half the programs mixing rows, which must run
-unpadded); the first call is eager or
-transformed, and the other kind of call follows. A case fails when a result differs beyond the tolerance
+unpadded); the first call is eager or transformed, and the other kind of call follows; then both again, the plans in
+place, on the arguments with NaN, infinities, signed zeros and subnormals written over a few elements (a later call
+validation does not see). A case fails when a result differs beyond the tolerance
 validation uses (`mismatch`), when eqsat raises where jax.jit did not (`crash`), or when eqsat's own machinery
 failed and warned (`internal`). Fallbacks (validation caught a wrong plan and the original ran) are counted.
 
@@ -37,7 +38,7 @@ from eqsat.buckets import Buckets
 from eqsat.errors import EqsatWarning
 from eqsat.options import Limits
 from eqsat.tolerance import beyond_conditioning, comparable, less_accurate, mismatch
-from eqsat.tools.fuzz_cases import Case, case_arguments, case_function, draw_case
+from eqsat.tools.fuzz_cases import Case, case_arguments, case_function, draw_case, special_values
 
 # small: a case must take well under a second; validation's blame search is what a failure costs, so it is short
 FUZZ_LIMITS = Limits(
@@ -195,6 +196,7 @@ def run_case(case: Case) -> Outcome:
     # element's operations, and where a sum overflows midway its order decides inf or NaN for jax.jit's too
     if any(e.plan.overflow_guard for e in entries):
         problems += _at_extreme_magnitudes(case, fun, args, transform, options, reference_fn)
+    problems += _with_special_values(case, fun, args, transform, options, reference_fn)
     problem = next(filter(None, problems), None)
     if internal:
         outcome.status, outcome.detail = "internal", internal[0][:600]
@@ -243,6 +245,24 @@ def _at_extreme_magnitudes(
     return [
         _compare(reference_fn, scaled, reference_fn(*scaled), got["transformed"], "transformed call, scaled"),
         _compare(jax.jit(fun), plain, jax.jit(fun)(*plain), got["eager"], "eager call, scaled"),
+    ]
+
+
+def _with_special_values(
+    case: Case, fun: Callable[..., Any], args: tuple, transform: str, options: dict[str, Any], reference_fn: Any
+) -> list[str | None]:
+    """Both calls again, the plans in place, on the arguments with NaN, infinities, signed zeros and subnormals
+    written over a few elements of each float leaf: what a plan validated on ordinary values does on a later call
+    that holds special ones (validation saw only the first call's values)."""
+    if case.program.dtype == "int32":
+        return []
+    special = special_values(args, case.data_seed)
+    _, calls = _optimized_calls(fun, special, transform, options)
+    got = {name: call() for name, call in calls}
+    plain = _unbatched(special, transform)
+    return [
+        _compare(reference_fn, special, reference_fn(*special), got["transformed"], "transformed call, special values"),
+        _compare(jax.jit(fun), plain, jax.jit(fun)(*plain), got["eager"], "eager call, special values"),
     ]
 
 

@@ -175,3 +175,25 @@ def case_arguments(case: Case) -> tuple:
     it = iter(jnp.asarray(x) for x in leaves)
     first, *rest = [[next(it) for _ in range(k)] for k in case.tree]
     return ({f"w{i}": x for i, x in enumerate(first)}, *rest)
+
+
+SPECIAL_SHARE = 0.05  # of each float leaf's elements, at least one
+
+
+def special_values(args: tuple, data_seed: int) -> tuple:
+    """The arguments with NaN, +-inf, +-0 and the smallest subnormal written over a few elements of each float leaf,
+    at positions and in a mix drawn from the seed."""
+    rng = np.random.default_rng([data_seed, 1])
+    leaves, tree = jax.tree.flatten(args)
+
+    def spoil(x: Any) -> Any:
+        if not jnp.issubdtype(x.dtype, jnp.floating) or x.size == 0:
+            return x
+        tiny = float(jnp.finfo(x.dtype).smallest_subnormal)
+        pool = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, tiny, -tiny])
+        flat = np.array(x, np.float32).reshape(-1)
+        where = rng.choice(flat.size, max(1, int(flat.size * SPECIAL_SHARE)), replace=False)
+        flat[where] = pool[rng.integers(len(pool), size=where.size)]
+        return jnp.asarray(flat.reshape(x.shape), x.dtype)
+
+    return jax.tree.unflatten(tree, [spoil(x) for x in leaves])
