@@ -133,7 +133,8 @@ def optimize(
     """Optimize a JAX function by equality saturation; use as `optimize(f, ...)` or `@optimize(...)`.
 
     target: a device profile ("cpu", "a100", "h100", "h200", "tpu-v5e"); the plan runs wherever JAX runs.
-    rules: extra rule files (paths) or egglog text; disabled_rules: built-in groups to switch off by name.
+    rules: extra rule files (paths) or egglog text; disabled_rules: built-in groups to switch off by name, and
+    "low-precision" to keep every bfloat16/float16 rounding the program makes.
     params_argnums: the parameters (weights), fixed across calls (work on them alone is free; `fast.prepare`
     does it once).
     validate: compare each signature's first call with the original and fall back to it, warning, on a mismatch.

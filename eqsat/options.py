@@ -5,6 +5,7 @@ written); `resolve(fun, ...)` then resolves argument numbers and names against t
 the device profile and collects the rules.
 """
 
+import dataclasses
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from eqsat.backends.memory import MEMORY_OPTIMIZED
 from eqsat.background import ON_BY_DEFAULT
 from eqsat.extract.cost import Profile, load_profile
 from eqsat.extract.extractors import EXTRACT_SECONDS
+from eqsat.extract.widen import GROUP as WIDEN_GROUP
 from eqsat.rule_sources import RuleSource
 from eqsat.saturate import Saturation
 
@@ -187,7 +189,10 @@ def resolve(
 ) -> Options:
     """The options of optimize(fun, ...) (checked by `checked` first), resolved against fun."""
     profile = load_profile(target)
-    collected = rule_sources.collect(rules, (*disabled_rules, *profile.disabled_rules))
+    if WIDEN_GROUP in disabled_rules:  # extract/widen.py widens nothing where no rounding is priced
+        profile = dataclasses.replace(profile, narrow_rounding=0.0)
+    groups = tuple(name for name in (*disabled_rules, *profile.disabled_rules) if name != WIDEN_GROUP)
+    collected = rule_sources.collect(rules, groups)
     # jax.jit's own resolution: names for numbers and numbers for names, checked against the signature
     signature = api_util.fun_signature(fun)
     donate_argnums, donate_argnames, static_argnums, static_argnames = api_util.resolve_argnums(

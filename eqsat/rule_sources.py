@@ -34,7 +34,10 @@ def collect(extra: list[str | Path] | str | Path | None = None, disabled: tuple[
     groups = builtin_groups()
     unknown = sorted(set(disabled) - set(groups))
     if unknown:
-        raise RuleError(f"unknown rule group(s) {unknown} in disabled_rules; the groups are {sorted(groups)}")
+        raise RuleError(
+            f"unknown rule group(s) {unknown} in disabled_rules; the groups are {sorted(groups)}, and "
+            "'low-precision' keeps narrow roundings"
+        )
     sources = [src for name, src in groups.items() if name not in disabled]  # a target may disable one too
     if extra is None:
         extra = []

@@ -12,7 +12,8 @@ from eqsat.extract.dag import reachable
 from eqsat.extract.extractors import EXTRACT_SECONDS, ExtractionReport, extract
 from eqsat.extract.timing import measurable
 from eqsat.extract.views import original_graph
-from eqsat.extract.widen import widen
+from eqsat.extract.widen import GROUP as WIDEN_GROUP
+from eqsat.extract.widen import removed_roundings, widen
 from eqsat.ir import Graph, Node, Shape, Where
 from eqsat.ops import OPAQUE, OPS, TCONS, TNIL, VAR, CostClass, infer
 from eqsat.saturate import ENode, Snapshot, StopReason
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from eqsat.backends.memory import MemoryReport
 
 # inputs, projections and list cells: carry no cost and need no shape check
+_LISTED = 4  # removed roundings the summary names
 _STRUCTURAL = frozenset(name for name, spec in OPS.items() if spec.cost_class is CostClass.SOURCE)
 
 
@@ -151,9 +153,15 @@ class Plan:
         if self.rewritten_ops():
             lines.append(f"  rewritten ops    {self.rewritten_ops()}")
         if self.widened():
+            removed = removed_roundings(self.nodes, [*self.outputs, *self.effects])
+            where = ", ".join(
+                f"{node.op}" + (f" ({node.sources[0]})" if node.sources else "") for node in removed[:_LISTED]
+            )
+            more = f" and {len(removed) - _LISTED} more" if len(removed) > _LISTED else ""
             lines.append(
                 f"  low precision    {self.widened()} bfloat16/float16 elementwise ops computed in float32, each chain "
-                "rounded once at its end"
+                f"rounded once at its end; roundings removed after {where}{more} (disabled_rules=('{WIDEN_GROUP}',) "
+                "keeps them)"
             )
         lines += self._region_lines()
         if self.memory:

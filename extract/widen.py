@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from eqsat.extract.plan import PlanNode
 
 WIDE = "float32"
+# the name that switches widening off, in disabled_rules beside the rule groups (eqsat/options.py): a rounding the
+# program means, `(x.astype(bfloat16) + 1024) - 1024`, is then kept
+GROUP = "low-precision"
 _WIDENED_CLASSES = (CostClass.ELEMENTWISE, CostClass.BITCAST)
 
 
@@ -79,3 +82,9 @@ def _widenable(nodes: list["PlanNode"], node: "PlanNode", narrow: list[bool]) ->
         return node.dtype in floats and (node.dtype == WIDE or narrow[node.inputs[0]])
     spec = OPS[node.op]
     return node.dtype in NARROW_FLOATS and spec.cost_class in _WIDENED_CLASSES and spec.keeps_input_dtype
+
+
+def removed_roundings(nodes: Sequence["PlanNode"], roots: Sequence[int]) -> list["PlanNode"]:
+    """The widened nodes whose rounding to their narrow type the plan drops: those read only inside their chain."""
+    rounded = set(roots) | {j for node in nodes if not node.wide for j in node.inputs}
+    return [node for i, node in enumerate(nodes) if node.wide and i not in rounded and node.dtype in NARROW_FLOATS]

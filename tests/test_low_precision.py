@@ -131,3 +131,21 @@ def test_a_float32_value_the_program_rounds_to_bfloat16_stays_rounded():
     np.testing.assert_array_equal(got[0], want[0])
     assert float(jnp.max(_ulps(got[1], _chain(x.astype(jnp.bfloat16).astype(jnp.float32))))) <= NARROW_ULPS
     assert fast.plan(x).widened()  # the chain on the rounded value is computed in float32
+
+
+def test_a_written_rounding_is_named_and_kept_when_asked():
+    """`(x.astype(bfloat16) + 1024) - 1024` rounds x to bfloat16's spacing near 1024 (issue 42 item 4): widening
+    drops that rounding, so the plan's summary names the ops whose rounding it removed, and disabled_rules=
+    ('low-precision',) keeps every one (jax.jit's bits)."""
+
+    def rounded(x):
+        return (x.astype(jnp.bfloat16) + 1024) - 1024
+
+    x = _normal(jnp.float32, 64, 64) * 3
+    widened = eqsat.optimize(rounded, validate=False)
+    summary = widened.plan(x).summary()
+    assert "roundings removed after Add" in summary and "test_low_precision.py" in summary
+    assert float(jnp.max(jnp.abs(widened(x).astype(jnp.float32) - jax.jit(rounded)(x).astype(jnp.float32)))) > 1
+    kept = eqsat.optimize(rounded, disabled_rules=("low-precision",))
+    np.testing.assert_array_equal(kept(x), jax.jit(rounded)(x))
+    assert not kept.plan(x).widened() and "removed" not in kept.plan(x).summary()
