@@ -93,6 +93,15 @@ def test_a_result_more_accurate_than_jax_jits_is_no_mismatch() -> None:
     assert outcome.status == "ok", outcome.detail
 
 
+@pytest.mark.parametrize("seed, index", [(2040, 122), (2041, 54)])
+def test_special_values_on_a_later_call_give_jits_answer(seed: int, index: int) -> None:
+    """Found by the later call with special values (issue 42). Seed 2040, case 122: a naive softmax made stable
+    was NaN across a row holding +inf (jax.jit: 0 beside the NaN). Seed 2041, case 54: a 1x1 conv enlarged to 3x3
+    to merge with its sibling (enlarge-1x1-to-3x3) is NaN beside a NaN input pixel (0 x NaN); now guarded."""
+    outcome = fuzz.run_case(fuzz_cases.draw_case(seed, index))
+    assert outcome.status == "ok", outcome.detail
+
+
 @pytest.mark.parametrize("index", [8427, 9552])
 def test_sums_that_overflow_midway_at_extreme_magnitudes_are_no_mismatch(index: int) -> None:
     """Seed 2037: case 8427 (bfloat16 dense layers in a fori body, inputs scaled to 1e30: the products overflow and
