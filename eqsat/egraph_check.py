@@ -33,6 +33,11 @@ class Disagreement:
     class_nodes: tuple[str, ...] = ()  # every node of the e-class, as text, for the report
     program: str = ""  # the generated program, filled in by check_rules
     suspects: tuple[str, ...] = ()  # rules that reproduce it alone, filled in by check_rules
+    # the node's value holds an inf or NaN or is all zero: where @real rules fired, the overflow guard
+    # (backends/lower.py _in_range) runs the original instead
+    out_of_range: bool = False
+    # it differs only where the class value is inf or NaN and the node's finite (a stable form's purpose)
+    rescued: bool = False
 
     def describe(self) -> str:
         lines = [
@@ -56,7 +61,12 @@ def _magnitude(*values: Any) -> float:
     """Largest finite |element| over the given arrays (non-arrays ignored)."""
     scale = 0.0
     for value in values:
-        if isinstance(value, jax.Array | np.ndarray) and value.size and np.issubdtype(value.dtype, np.number):
+        # jnp's issubdtype: numpy's does not count bfloat16 a number (its values were compared exactly)
+        if (
+            isinstance(value, jax.Array | np.ndarray)
+            and value.size
+            and jax.numpy.issubdtype(value.dtype, jax.numpy.number)
+        ):
             a = np.abs(np.asarray(value, dtype=np.complex128 if np.iscomplexobj(value) else np.float64))
             scale = max(scale, float(np.max(a[np.isfinite(a)], initial=0.0)))
     return scale
@@ -136,9 +146,18 @@ def _propagate(graph: Graph, snapshot: Snapshot, inputs: list[Any], checked: lis
     return {cls: v for cls, v in values.items() if _is_array(v)}, outs
 
 
-def check_egraph(graph: Graph, snapshot: Snapshot, inputs: Sequence[Any], real: bool = True) -> list[Disagreement]:
+def check_egraph(
+    graph: Graph, snapshot: Snapshot, inputs: Sequence[Any], real: bool = True, special: bool = False
+) -> list[Disagreement]:
     """Every e-node that type-checks on the inputs' values and disagrees with its e-class's value, within the
     tolerance of rules that hold for real numbers (`real`) or of rules sound in floating point.
+
+    `special`: inputs with special values (eqsat/tools/special.py). Zeros' signs must agree too, except in a class
+    that is a sum: an exact zero sum takes its sign from where the accumulation starts, which jax.jit's own kernels
+    do not agree on (a dot of -0 products gives +0, a conv -0), and -(a + b) is -0 where (-a) + (-b) is +0. In such
+    a class, elements at the overflow threshold on both sides are not compared either: which partial sum overflows
+    (to inf, or to NaN where infinities of both signs meet) depends on the order of the terms, which a kernel's
+    blocking changes with the shapes as a rewrite does.
 
     Evaluation is eager, op by op: jax caches each op's compilation by shape, so repeated shapes across many
     programs are cheap (one jit per e-graph measured slower: thousands of nodes compile every time).
@@ -151,15 +170,59 @@ def check_egraph(graph: Graph, snapshot: Snapshot, inputs: Sequence[Any], real: 
     for node in snapshot.nodes:
         by_class.setdefault(node.eclass, []).append(node_text(node.op, node.attrs, node.children))
     reduction = max((_reduction(node, snapshot) for node in snapshot.nodes), default=1)
+    sums = {node.eclass for node in snapshot.nodes if _sums(node)}
     found = []
     for node, out in zip(checked, outs, strict=True):
         want = values[node.eclass]
         scale = _magnitude(want, out, *(values.get(c) for c in node.children))
-        diff = difference(want, out, rule_tolerance(np.asarray(want).dtype, scale, real, reduction))
+        allowed = rule_tolerance(np.asarray(want).dtype, scale, real, reduction)
+        summed = special and node.eclass in sums and jax.numpy.issubdtype(np.asarray(want).dtype, jax.numpy.floating)
+        loose = _saturated(want, out, _terms(node, snapshot, out, values)) if summed else None
+        diff = difference(want, out, allowed, special and not summed, loose)
         if diff:
-            texts = tuple(by_class[node.eclass])
-            found.append(Disagreement(node.eclass, node.op, node.attrs, node.children, *diff, rules, texts))
+            beyond = ~np.isfinite(np.asarray(want, np.float64)) & np.isfinite(np.asarray(out, np.float64))
+            rescued = special and not difference(want, out, allowed, not summed, beyond | (loose is not None and loose))
+            found.append(
+                Disagreement(
+                    node.eclass, node.op, node.attrs, node.children, *diff, rules, tuple(by_class[node.eclass]),
+                    out_of_range=_out_of_range(out), rescued=rescued,
+                )
+            )  # fmt: skip
     return found
+
+
+# Ops that sum terms, beside the contractions (OpSpec.contracted)
+_SUMS = frozenset({"Add", "Sub", "ReduceSum", "PoolSum", "PoolSumSliced", "LogSumExp", "Softmax"})
+
+
+def _sums(node: ENode) -> bool:
+    spec = OPS.get(node.op)
+    if node.op in ("Cumulative", "CumulativeBlocked"):
+        return node.attrs[0] in ("sum", "logsumexp")
+    return node.op in _SUMS or (spec is not None and spec.contracted is not None)
+
+
+def _terms(node: ENode, snapshot: Snapshot, out: Any, values: dict[str, Any]) -> int:
+    """How many terms a sum node adds per element: a contraction's length, else its largest input's size per
+    element of its result (2 at least)."""
+    sizes = [np.size(values[c]) for c in node.children if c in values]
+    return max(_reduction(node, snapshot), -(-max(sizes, default=0) // max(np.size(out), 1)), 2)
+
+
+def _saturated(want: Any, out: Any, terms: int) -> np.ndarray:
+    """Elements both values hold as inf, NaN or a finite value that `terms` terms below the overflow threshold
+    reach: where a sum of such terms overflows in one order and not in another."""
+    edge = float(jax.numpy.finfo(np.asarray(want).dtype).max) / (2 * terms)
+    w, g = np.abs(np.asarray(want, np.float64)), np.abs(np.asarray(out, np.float64))
+    return (np.isnan(w) | (w >= edge)) & (np.isnan(g) | (g >= edge))
+
+
+def _out_of_range(value: Any) -> bool:
+    """An inexact value with an inf or NaN, or all zero: what the overflow guard's check refuses."""
+    a = np.asarray(value)
+    if not jax.numpy.issubdtype(a.dtype, jax.numpy.inexact) or not a.size:
+        return False
+    return bool(not np.all(np.isfinite(a)) or not np.any(a != 0))
 
 
 def _reduction(node: ENode, snapshot: Snapshot) -> int:

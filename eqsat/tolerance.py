@@ -388,11 +388,23 @@ def rule_tolerance(dtype: np.dtype, scale: float, real: bool, reduction: int = 1
     return min(_ROUNDINGS * max(reduction, 1) * float(jnp.finfo(kind).eps) * scale, real_tolerance)
 
 
-def difference(want: Any, got: Any, allowed: float) -> tuple[float, float] | None:
-    """(error, allowed) if `got` disagrees with `want`, else None; shapes and dtypes already match."""
+def difference(
+    want: Any, got: Any, allowed: float, signed_zeros: bool = False, undetermined: Any = None
+) -> tuple[float, float] | None:
+    """(error, allowed) if `got` disagrees with `want`, else None; shapes and dtypes already match. NaNs and
+    infinities must stand where the other's do, with their signs; `signed_zeros`: where both are zero, their signs
+    too (special-valued inputs, eqsat/tools/special.py); `undetermined`: a mask of elements not compared."""
     w, g = np.asarray(want), np.asarray(got)
+    if undetermined is not None and np.any(undetermined):
+        keep = ~np.broadcast_to(undetermined, w.shape)
+        w, g = w[keep], g[keep]
+    if signed_zeros and jnp.issubdtype(w.dtype, jnp.floating):
+        zeros = (w == 0) & (g == 0)
+        if np.any(np.signbit(w[zeros]) != np.signbit(g[zeros])):
+            return float("inf"), allowed
     if allowed == 0.0:  # NaN where the other has NaN is equal (an output of NaN alone has no finite scale)
-        if np.array_equal(w, g, equal_nan=bool(np.issubdtype(w.dtype, np.inexact))):
+        # jnp's issubdtype: numpy's does not know bfloat16 is inexact, and two NaN-only results differed
+        if np.array_equal(w, g, equal_nan=bool(jnp.issubdtype(w.dtype, jnp.inexact))):
             return None
         return float(np.max(np.abs(w.astype(float) - g.astype(float)))), 0.0
     wide = np.complex128 if np.iscomplexobj(w) else np.float64

@@ -11,6 +11,7 @@ import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 from hypothesis import HealthCheck, Phase, given, settings
@@ -20,7 +21,7 @@ from eqsat.capture import capture
 from eqsat.egraph_check import Disagreement, check_egraph
 from eqsat.errors import EqsatError
 from eqsat.ir import Graph
-from eqsat.rule_sources import RuleSource, builtin_groups, collect, keeping, real_rules, rule_names, rules_in
+from eqsat.rule_sources import REAL_MARK, RuleSource, builtin_groups, collect, keeping, real_rules, rule_names, rules_in
 from eqsat.saturate import Saturation, Snapshot, saturate
 from eqsat.tools import domain
 from eqsat.tools.generators import generators, pattern_programs, programs
@@ -32,21 +33,46 @@ VERIFY_LIMITS = Saturation(iterations=4, nodes=800, seconds=2.0)
 
 
 def check_program(
-    prog: Program, sources: list[RuleSource], seed: int = 0, limits: Saturation = VERIFY_LIMITS
+    prog: Program,
+    sources: list[RuleSource],
+    seed: int = 0,
+    limits: Saturation = VERIFY_LIMITS,
+    inputs: Sequence[Any] | None = None,
 ) -> tuple[list[Disagreement], Snapshot, Graph]:
     """Capture, saturate with `sources` and check every e-class on random normal inputs: with the rules sound in
     floating point alone, within their tight tolerance, then (if some rules are marked real) with every rule,
-    within the tolerance of real-number rules. Returns the disagreements and the last saturation."""
-    inputs = prog.random_inputs(seed)
+    within the tolerance of real-number rules. Returns the disagreements and the last saturation.
+
+    `inputs`: these instead (special values, eqsat/tools/special.py), with zeros' signs compared too, all the
+    rules at once (the rules sound in floating point get the same check of NaNs, infinities and signs). Where rules
+    marked `; @real` fired, an e-node whose value holds an inf or NaN (or is all zero) is left to the overflow
+    guard, which runs the original wherever a plan that used them does (backends/lower.py overflow_guarded); the
+    saturation without those rules is then checked in full, since a plan extracted from it is not guarded."""
+    special = inputs is not None
+    inputs = prog.random_inputs(seed) if inputs is None else list(inputs)
     with jax.enable_x64(prog.dtype.endswith("64")):
         graph = capture(jax.make_jaxpr(prog)(*inputs))
     float_sound = _float_sound(tuple(sources))
-    snapshot = saturate(graph, list(float_sound or sources), limits)
-    found = check_egraph(graph, snapshot, inputs, real=False)
+    found: list[Disagreement] = []
+    if not special or float_sound is None:  # special values: NaNs, infinities and signs, which no tolerance moves
+        snapshot = saturate(graph, list(float_sound or sources), limits)
+        found += check_egraph(graph, snapshot, inputs, real=False, special=special)
     if float_sound is not None:
         snapshot = saturate(graph, sources, limits)
-        found += check_egraph(graph, snapshot, inputs, real=True)
+        every = check_egraph(graph, snapshot, inputs, real=True, special=special)
+        guarded = _guarded(tuple(sources))
+        if special and any(d.out_of_range for d in every) and any(snapshot.rule_matches.get(r) for r in guarded):
+            unguarded = keeping(sources, lambda names: not set(names) & guarded)
+            found += check_egraph(graph, saturate(graph, unguarded, limits), inputs, real=True, special=True)
+            every = [d for d in every if not d.out_of_range]
+        found += every
     return found, snapshot, graph
+
+
+@functools.lru_cache(maxsize=8)
+def _guarded(sources: tuple[RuleSource, ...]) -> frozenset[str]:
+    """The rules marked `; @real`: a plan that fired any runs under the overflow guard."""
+    return real_rules(list(sources), (REAL_MARK,))
 
 
 @dataclass
