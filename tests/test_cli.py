@@ -60,7 +60,7 @@ def test_help_of_every_subcommand_has_examples_and_the_common_flags(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])
     assert exit_.value.code == 0
-    names = re.search(r"\{([a-z,]+)\}", capsys.readouterr().out).group(1).split(",")
+    names = re.search(r"\{([a-z,-]+)\}", capsys.readouterr().out).group(1).split(",")
     assert {"optimize", "compare", "demo", "fuzz", "rules"} <= set(names)
     for argv in [[name] for name in names] + [["rules", "check"]]:
         with pytest.raises(SystemExit) as exit_:

@@ -50,7 +50,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "eqsat.tools.examples", "eqsat.tools.calibrate", "eqsat.tools.html_report", "eqsat.tools.gen_algebra",
         "eqsat.tools.gen_conv", "eqsat.tools.generators", "eqsat.tools.program", "eqsat.tools.verify",
         "eqsat.tools.versus", "eqsat.tools.fuzz", "eqsat.tools.fuzz_cases", "eqsat.tools.gen_losses",
-        "eqsat.tools.domain", "eqsat.tools.special",
+        "eqsat.tools.domain", "eqsat.tools.special", "eqsat.tools.tpu_check",
     }),
 ]  # fmt: skip
 LAYER = {module: depth for depth, (_, modules) in enumerate(LAYERS) for module in modules}

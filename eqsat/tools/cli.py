@@ -408,3 +408,39 @@ def _add_optimize_options(p: argparse.ArgumentParser, how: Any) -> None:
         help="time the plan against jax.jit, interleaved in this process (budget default 3 s)",
     )
     p.set_defaults(run=reporting("optimize", _optimize))
+
+
+def _tpu_check(args: argparse.Namespace) -> int:
+    """The tpu-check command: the original and the plan compiled for a TPU, deviceless; 1 where either fails."""
+    from eqsat import progress
+    from eqsat.tools import tpu_check
+
+    tpu_check.quiet_libtpu()  # before the example arguments start jax's backends
+    target_profile(args.target)
+    work = workload(args)
+    device = tpu_check.tpu_device(args.topology)
+    with progress.live_progress(None if args.progress else False):
+        found = tpu_check.check(work, target=args.target, device=device, memory_budget=args.memory_budget)
+    print(tpu_check.side_by_side(found))
+    return 1 if any(c.error for _, c in tpu_check.programs(found)) else 0
+
+
+def add_tpu_check_command(commands: Any) -> None:
+    """Register `tpu-check` on the CLI's subparsers."""
+    p = commands.add_parser(
+        "tpu-check",
+        help="plan for a TPU profile and compile the original and the plan with XLA's TPU compiler, deviceless",
+        description="Plan the function for a TPU profile (validated here, on the CPU), then lower the original and "
+        "the plan for a TPU topology and compile both with XLA's own TPU compiler, no TPU needed: compiled or the "
+        "compiler's error, fusions, flops, bytes accessed, temp and peak bytes, beside eqsat's prediction. Needs "
+        "libtpu (the optional extra `tpu-aot`).",
+        epilog="examples:\n  python -m eqsat tpu-check eqsat.tools.examples:matmul_chain\n"
+        "  python -m eqsat tpu-check mypkg.model:forward --args f32[64,1024] f32[1024,1024] --topology v5e:2x2\n"
+        "  python -m eqsat tpu-check --bench bert --scale small --memory-budget 50000000",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_what(p, "check")
+    p.add_argument("--target", default="tpu-v5e", help="device profile to plan for (default: tpu-v5e)")
+    p.add_argument("--topology", default="v5e:2x2", help="TPU topology to compile for (default: v5e:2x2)")
+    p.add_argument("--memory-budget", type=number(int, 1), metavar="BYTES", help="optimize's memory_budget")
+    p.set_defaults(run=reporting("tpu-check", _tpu_check))

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from eqsat.progress import configure_logging, live_progress
-from eqsat.tools.cli import UsageError, add_common_flags, add_optimize_command, number, reporting
+from eqsat.tools.cli import UsageError, add_common_flags, add_optimize_command, add_tpu_check_command, number, reporting
 from eqsat.tools.cli_measure import add_profile_command, add_tune_command
 
 
@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None, own_process: bool = False) -> int:
     """`own_process`: the command runs in a process of its own (`python -m eqsat`), whose jax settings it may set."""
     parser = argparse.ArgumentParser(prog="python -m eqsat", description="Equality-saturation optimizer for JAX.")
     commands = parser.add_subparsers(dest="command", required=True)
-    for add in (add_optimize_command, add_tune_command, add_profile_command, _add_demo, _add_compare, _add_calibrate):
+    commands_added = (add_optimize_command, add_tune_command, add_profile_command, add_tpu_check_command)
+    for add in (*commands_added, _add_demo, _add_compare, _add_calibrate):
         add(commands)
     rules = _add_rules(commands)
     _add_fuzz(commands)

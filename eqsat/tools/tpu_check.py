@@ -1,0 +1,290 @@
+"""Plans for a TPU checked by XLA's own TPU compiler on a machine without one (issue 43).
+
+With libtpu installed (the optional extra `tpu-aot`), jax compiles for a TPU topology deviceless: the function is
+planned for a TPU profile, validated here on the CPU, and then the original and the plan are lowered for a TPU
+device and compiled by XLA's TPU pipeline (fusion, layout, buffer assignment), whose cost and memory analyses
+are set beside eqsat's own prediction. Nothing runs on a TPU.
+"""
+
+import dataclasses
+import importlib.util
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+import eqsat
+from eqsat.backends.lower import lower
+from eqsat.backends.memory import MemoryReport, figure_of, memory_report
+from eqsat.errors import EqsatError
+from eqsat.extract.cost import Cost
+from eqsat.extract.plan import Plan
+from eqsat.workload import Workload
+
+TOPOLOGY = "v5e:2x2"
+TARGET = "tpu-v5e"
+NEEDS_EXTRA = (
+    "compiling for a TPU without one needs libtpu, the optional extra `tpu-aot`: pip install -e '.[tpu-aot]' "
+    "(in its own environment: with libtpu installed, every jax process tries a TPU first)"
+)
+# libtpu reads these at its first use and warns, twice, on a host that is no TPU VM when they are unset
+_QUIET_TPU_ENV = {"TPU_ACCELERATOR_TYPE": "v5litepod-4", "TPU_WORKER_HOSTNAMES": "localhost"}
+
+
+class TpuCompilerMissing(EqsatError):
+    """libtpu is not installed, or it gave no TPU topology to compile for."""
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One program as XLA's TPU compiler sees it, or the compiler's error."""
+
+    error: str | None = None
+    fusions: int = 0  # fusions the program launches (top level and in control flow, not nested in other fusions)
+    flops: float = 0.0
+    bytes: float = 0.0  # cost_analysis's "bytes accessed"
+    seconds: float = 0.0  # cost_analysis's "optimal_seconds", a roofline
+    temp: int = 0  # the buffer assigner's temp bytes
+    peak: int = 0  # argument + output - alias + temp
+
+
+@dataclass
+class Check:
+    """The original and the plan compiled for a TPU, with eqsat's prediction for each."""
+
+    name: str
+    plan: Plan
+    original: Compiled
+    planned: Compiled  # the plan as optimize runs it: under the overflow guard where @real rules fired
+    alone: Compiled | None = None  # where guarded: the plan's program without the guard and its fallback
+    model: MemoryReport | None = None  # eqsat's memory model of the plan (one buffer per node)
+    budget: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def guarded(self) -> bool:
+        return self.alone is not None
+
+    @property
+    def rewritten(self) -> dict[str, int]:
+        return self.plan.rewritten_ops()
+
+
+def quiet_libtpu() -> None:
+    """Tell libtpu it is on no TPU VM, before jax first starts its backends (which try a TPU where libtpu is
+    installed): otherwise it warns on stderr, twice. Settings already made are kept."""
+    for name, value in _QUIET_TPU_ENV.items():
+        os.environ.setdefault(name, value)
+
+
+def libtpu_installed() -> bool:
+    """Whether XLA's TPU compiler (libtpu) can be loaded here."""
+    return importlib.util.find_spec("libtpu") is not None
+
+
+def tpu_device(topology: str = TOPOLOGY) -> Any:
+    """The first device of a TPU topology, to lower and compile for deviceless; TpuCompilerMissing without libtpu."""
+    if not libtpu_installed():
+        raise TpuCompilerMissing(NEEDS_EXTRA)
+    quiet_libtpu()
+    from jax.experimental import topologies
+
+    try:
+        return topologies.get_topology_desc(topology, "tpu").devices[0]
+    except Exception as error:  # jax's and libtpu's own types: a topology it does not know, a libtpu too old
+        raise TpuCompilerMissing(f"no TPU topology {topology!r} from libtpu: {str(error).splitlines()[0]}") from None
+
+
+def on_device(args: Sequence[Any], device: Any) -> list[Any]:
+    """The arguments as jax.ShapeDtypeStructs placed on `device` (pytrees kept)."""
+    sharding = jax.sharding.make_single_device_sharding(device)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), list(args))
+
+
+def compile_figures(lowering: Callable[[], Any]) -> Compiled:
+    """Compile what lowering() returns (a jax Lowered) and read XLA's analyses; the error's first line if it fails."""
+    try:
+        compiled = lowering().compile()
+    except Exception as error:  # the compiler's own error types: what it says is the finding
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        return Compiled(error=f"{type(error).__name__}: {lines[0][:300]}")
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    figure = figure_of(compiled)
+    return Compiled(
+        fusions=fusion_count(compiled.as_text()),
+        flops=float(cost.get("flops", 0.0)),
+        bytes=float(cost.get("bytes accessed", 0.0)),
+        seconds=float(cost.get("optimal_seconds", 0.0)),
+        temp=figure["temp"],
+        peak=figure["total"],
+    )
+
+
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_FUSION = re.compile(r"\sfusion\(.*calls=%?([\w.\-]+)")
+
+
+def fusion_count(hlo: str) -> int:
+    """Fusion instructions of an HLO module's text outside fused computations: the fused kernels it launches (a
+    TPU fusion nests bitcast and operand fusions inside it, which are no launches of their own)."""
+    fusions: dict[str, list[str]] = {}  # computation -> the computations its fusion instructions call
+    current = None
+    for line in hlo.splitlines():
+        header = _HEADER.match(line) if not line.startswith(" ") else None
+        if header:
+            current = header.group(1)
+            fusions[current] = []
+        elif current is not None and (found := _FUSION.search(line)):
+            fusions[current].append(found.group(1))
+    fused = {called for calls in fusions.values() for called in calls}
+    return sum(len(calls) for name, calls in fusions.items() if name not in fused)
+
+
+def check(
+    work: Workload,
+    *,
+    target: str = TARGET,
+    device: Any = None,
+    memory_budget: int | None = None,
+    **options: Any,
+) -> Check:
+    """Plan work.fn for `target`, validate the plan on this machine's arguments, and compile the original, the plan
+    as optimize runs it and (where guarded) the plan alone for `device` (default: tpu_device()). `options`:
+    optimize's."""
+    device = device if device is not None else tpu_device()
+    limits = options.pop("limits", None) or eqsat.Limits()
+    # this machine's clock says nothing about a TPU's: the plan is kept unmeasured, as the target chose it
+    limits = dataclasses.replace(limits, guard_seconds=0)
+    fast = eqsat.optimize(
+        work.fn, target=target, limits=limits, memory_budget=memory_budget, background=False, **options
+    )
+    jax.block_until_ready(fast(*work.args))  # validated on the example arguments: a plan that differs is refused
+    plan = fast.plan(*work.args)
+    structs = on_device(work.args, device)
+    found = Check(work.name, plan, compile_figures(lambda: jax.jit(work.fn).lower(*structs)), Compiled())
+    found.budget = memory_budget
+    found.planned = compile_figures(lambda: fast.lower(*structs))
+    if plan.fallback:
+        found.notes.append(f"the original runs: {plan.fallback}")
+        return found
+    found.model = memory_report(plan)
+    if plan.overflow_guard:
+        flat = jax.tree_util.tree_leaves(structs)
+        found.alone = compile_figures(lambda: jax.jit(lower(plan)).lower(*flat))
+        found.notes.append(
+            "guarded: XLA counts the guard's fallback loop (the original, run only where the plan overflows) in "
+            "the plan's flops and bytes; 'plan alone' is the plan's program without it"
+        )
+    return found
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def _side(compiled: Compiled, cost: Cost | None, model: int | None) -> list[str]:
+    """One program's column: XLA's figures, then eqsat's prediction."""
+    if compiled.error:
+        return ["FAILED: " + compiled.error[:60], *[""] * 5, *(_predicted(cost, model))]
+    return [
+        "compiled",
+        str(compiled.fusions),
+        f"{compiled.flops:.4g}",
+        f"{compiled.bytes:.4g}",
+        _mib(compiled.temp),
+        _mib(compiled.peak),
+        *_predicted(cost, model),
+    ]
+
+
+def _predicted(cost: Cost | None, model: int | None) -> list[str]:
+    if cost is None:
+        return ["", "", "", ""]
+    return [
+        f"{cost.flops:.4g}",
+        f"{cost.bytes:.4g}",
+        f"{cost.seconds * 1e6:.1f} us",
+        _mib(model) if model is not None else "-",
+    ]
+
+
+ROWS = (
+    "TPU compile",
+    "XLA fusions",
+    "XLA flops",
+    "XLA bytes accessed",
+    "XLA temp",
+    "XLA peak (args + out - alias + temp)",
+    "eqsat flops",
+    "eqsat bytes",
+    "eqsat time",
+    "eqsat memory model (best-fit arena)",
+)
+
+
+def side_by_side(found: Check) -> str:
+    """The check as a table: a row per figure, a column per program."""
+    plan = found.plan
+    arena = found.model.planned_peak if found.model else None
+    columns = {
+        "original": _side(found.original, plan.original, None),
+        "plan": _side(found.planned, plan.predicted, arena),
+    }
+    if found.alone is not None:
+        columns["plan alone"] = _side(found.alone, plan.predicted, arena)
+    width = max(map(len, ROWS))
+    cells = [max(len(name), *(len(v) for v in column)) for name, column in columns.items()]
+    lines = [f"== {found.name}: planned for {plan.target}, compiled for TPU by XLA (deviceless)"]
+    lines.append(" " * width + "  " + "  ".join(f"{n:>{w}}" for n, w in zip(columns, cells, strict=True)))
+    for k, row in enumerate(ROWS):
+        values = [column[k] for column in columns.values()]
+        lines.append(f"{row:<{width}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(values, cells, strict=True)))
+    lines.append(f"rewritten ops: {_listed(found.rewritten)}")
+    lines.append(f"rules fired:   {_listed(plan.rules_fired)}")
+    lines += [f"note: {note}" for note in [*found.notes, *findings(found)]]
+    return "\n".join(lines)
+
+
+def _listed(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"
+
+
+def findings(found: Check) -> list[str]:
+    """What deserves a look: a program the TPU compiler refused, a plan XLA counts as more work than the original,
+    a memory budget the TPU's buffer assignment misses, eqsat's memory model off XLA's peak by more than 10%."""
+    said = [f"{name} does not compile for TPU" for name, c in programs(found) if c.error]
+    plan = _plan_program(found)
+    base = found.original
+    if not plan.error and not base.error:
+        for what, mine, theirs in (("flops", plan.flops, base.flops), ("bytes", plan.bytes, base.bytes)):
+            if mine > theirs * 1.001:
+                said.append(f"the plan has more XLA {what} than the original ({mine:.4g} > {theirs:.4g})")
+        if found.budget is not None:
+            said.append(
+                f"budget {_mib(found.budget)}: XLA temp {_mib(plan.temp)} with the plan "
+                f"({'under' if plan.temp <= found.budget else 'OVER'}), {_mib(base.temp)} without "
+                f"({'under' if base.temp <= found.budget else 'over'})"
+            )
+    if found.model is not None and not plan.error and plan.peak:
+        off = found.model.planned_peak / plan.peak - 1
+        if abs(off) > 0.10:
+            said.append(
+                f"eqsat's memory model {_mib(found.model.planned_peak)} is {off:+.0%} off the TPU buffer "
+                f"assigner's peak {_mib(plan.peak)}"
+            )
+    return said
+
+
+def programs(found: Check) -> list[tuple[str, Compiled]]:
+    """Each program compiled, named."""
+    pairs = [("the original", found.original), ("the plan", found.planned)]
+    return pairs + ([("the plan alone", found.alone)] if found.alone is not None else [])
+
+
+def _plan_program(found: Check) -> Compiled:
+    """The plan's own program: without the guard where it has one (the guard's fallback is the original)."""
+    return found.alone if found.alone is not None else found.planned

@@ -1,0 +1,99 @@
+"""`python -m eqsat tpu-check` (eqsat/tools/tpu_check.py): the original and the plan compiled by XLA's TPU compiler
+on a machine without a TPU. Without libtpu (the optional extra `tpu-aot`) the command says so in one line; the
+tests marked tpu_aot compile for a v5e and are skipped where libtpu is missing."""
+
+from collections.abc import Callable
+
+import pytest
+
+from eqsat.__main__ import main
+from eqsat.tools import tpu_check
+from eqsat.tools.examples import EXAMPLES
+
+
+def needs_libtpu(test: Callable[..., None]) -> Callable[..., None]:
+    """Marked tpu_aot, and skipped where libtpu is not installed."""
+    skip = pytest.mark.skipif(not tpu_check.libtpu_installed(), reason="needs libtpu: the optional extra `tpu-aot`")
+    return pytest.mark.tpu_aot(skip(test))
+
+
+# a TPU fusion nests bitcast fusions inside it: those are no launches of their own
+HLO = """\
+%bitcast_fusion (p: f32[4]) -> f32[4] {
+  ROOT %bitcast = f32[4]{0} bitcast(%p)
+}
+%fused_computation (p0: f32[4]) -> f32[4] {
+  %fusion.5 = f32[4]{0} fusion(%p0), kind=kLoop, calls=%bitcast_fusion
+  ROOT %tanh = f32[4]{0} tanh(%fusion.5)
+}
+%body (c: f32[4]) -> f32[4] {
+  ROOT %fusion.2 = f32[4]{0} fusion(%c), kind=kLoop, calls=%fused_computation
+}
+ENTRY %main.1 (a.1: f32[4]) -> f32[4] {
+  %fusion.1 = f32[4]{0} fusion(%a.1), kind=kLoop, calls=%fused_computation
+  ROOT %tanh_add_fusion = f32[4]{0} fusion(%fusion.1), kind=kOutput, calls=%fused_computation
+}
+"""
+
+
+def test_fusions_are_counted_where_they_launch():
+    assert tpu_check.fusion_count(HLO) == 3  # two in the entry, one in the loop body, none nested
+
+
+def test_without_libtpu_the_command_names_the_extra_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(tpu_check, "libtpu_installed", lambda: False)
+    argv = ["tpu-check", "eqsat.tools.examples:matmul_chain", "--scale", "small", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m eqsat tpu-check: error: ") and err.count("\n") == 1, err
+    assert "`tpu-aot`" in err and "libtpu" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["nosuch_module:fn", "--args", "f32[8]"],
+        ["eqsat.tools.examples:matmul_chain", "--target", "tpu-v9"],
+        ["eqsat.tools.examples:matmul_chain", "--memory-budget", "-1"],
+        ["eqsat.tools.examples:matmul_chain", "--bench", "bert"],
+    ],
+)
+def test_bad_input_ends_in_one_line_and_exit_code_2(argv, capsys):
+    try:
+        code = main(["tpu-check", *argv, "--no-progress"])
+    except SystemExit as exit_:  # argparse's own errors: its usage, then one line
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert err.splitlines()[-1].startswith("python -m eqsat tpu-check: error: "), err
+
+
+@needs_libtpu
+def test_a_small_program_and_its_plan_compile_for_v5e():
+    found = tpu_check.check(EXAMPLES["matmul_chain"]("full"))  # at 64 re-association gains too little
+    assert not found.plan.fallback and found.guarded  # re-associated: under the overflow guard
+    assert not any(c.error for _, c in tpu_check.programs(found))
+    # (A @ B) @ v against A @ (B @ v): the TPU compiler counts n^2 m * 4 flops against n^3 * 2
+    assert found.alone.flops < found.original.flops / 4
+    assert found.alone.fusions >= 1 and found.original.peak > 0
+    # the guard's fallback loop is the original: XLA counts it in the guarded program
+    assert found.planned.flops > found.original.flops
+    table = tpu_check.side_by_side(found)
+    assert "plan alone" in table and "XLA temp" in table and "dot-assoc-right" in table
+
+
+@needs_libtpu
+def test_the_command_prints_both_programs_side_by_side(capsys):
+    argv = ["tpu-check", "eqsat.tools.examples:distributivity", "--scale", "small", "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "== distributivity: planned for tpu-v5e" in out
+    assert out.count("compiled") >= 3 and "FAILED" not in out
+
+
+@needs_libtpu
+def test_an_unknown_topology_is_one_line(capsys):
+    argv = ["tpu-check", "eqsat.tools.examples:matmul_chain", "--scale", "small", "--topology", "v9x:1x1"]
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m eqsat tpu-check: error: no TPU topology 'v9x:1x1'") and err.count("\n") == 1
