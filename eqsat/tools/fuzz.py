@@ -21,6 +21,7 @@ case is drawn from its seed and index (eqsat/tools/fuzz_cases.py).
 
 import collections
 import dataclasses
+import functools
 import time
 import traceback
 import warnings
@@ -175,7 +176,7 @@ def run_case(case: Case) -> Outcome:
             got: dict[str, Any] = {}
             order = calls if case.first == "transformed" else calls[::-1]
             for name, call in order:
-                got[name] = call()
+                got[name] = call(args)
         except Exception as error:
             detail = "".join(traceback.format_exception_only(error)).strip()
             where = traceback.extract_tb(error.__traceback__)[-1]
@@ -188,15 +189,20 @@ def run_case(case: Case) -> Outcome:
     for entry in entries:
         rewritten.update(entry.plan.rewritten_ops() if entry.plan.fallback is None else {})
     outcome = Outcome(case, "ok", fallback=fallback, rewritten=dict(rewritten), seconds=0.0)
+    plain_reference = jax.jit(fun)
     problems = [
         _compare(reference_fn, args, expected, got["transformed"], "transformed call"),
-        _compare(jax.jit(fun), _unbatched(args, transform), eager, got["eager"], "eager call"),
+        _compare(plain_reference, _unbatched(args, transform), eager, got["eager"], "eager call"),
     ]
+    again = functools.partial(
+        _called_again, calls=calls, references=(reference_fn, plain_reference), transform=transform
+    )
     # guarded plans only (a body re-planned with @real rules guards its call too): other rewrites keep each
     # element's operations, and where a sum overflows midway its order decides inf or NaN for jax.jit's too
-    if any(e.plan.overflow_guard for e in entries):
-        problems += _at_extreme_magnitudes(case, fun, args, transform, options, reference_fn)
-    problems += _with_special_values(case, fun, args, transform, options, reference_fn)
+    if case.program.dtype != "int32" and any(e.plan.overflow_guard for e in entries):
+        problems += again("scaled", _at_extreme_magnitudes(case, args))
+    if case.program.dtype != "int32":  # a later call validation does not see, with special values
+        problems += again("special values", special_values(args, case.data_seed))
     problem = next(filter(None, problems), None)
     if internal:
         outcome.status, outcome.detail = "internal", internal[0][:600]
@@ -227,42 +233,26 @@ def _setup(case: Case) -> tuple[Callable[..., Any], tuple, str, dict[str, Any]]:
     return fun, args, transform, options
 
 
-def _at_extreme_magnitudes(
-    case: Case, fun: Callable[..., Any], args: tuple, transform: str, options: dict[str, Any], reference_fn: Any
-) -> list[str | None]:
-    """Both calls again on the arguments each scaled by a large or tiny magnitude (1e30, 1e11, 1e-30 in float32):
-    a plan that relies on rules marked `; @real` (re-association, distributivity) must not overflow where jax.jit
-    does not. The plans are the ones already made (optimize() of the same function shares them)."""
-    if case.program.dtype == "int32":
-        return []
+def _at_extreme_magnitudes(case: Case, args: tuple) -> tuple:
+    """The arguments each scaled by a large or tiny magnitude (1e30, 1e11, 1e-30 in float32): a plan that relies on
+    rules marked `; @real` (re-association, distributivity) must not overflow where jax.jit does not."""
     top = float(jnp.finfo(case.program.dtype).max)
     leaves, tree = jax.tree.flatten(args)
     factors = np.random.default_rng(case.data_seed).choice([top**0.8, top**0.3, top**-0.8], len(leaves))
-    scaled = jax.tree.unflatten(tree, [x * jnp.asarray(f, x.dtype) for x, f in zip(leaves, factors, strict=True)])
-    _, calls = _optimized_calls(fun, scaled, transform, options)
-    got = {name: call() for name, call in calls}
-    plain = _unbatched(scaled, transform)
-    return [
-        _compare(reference_fn, scaled, reference_fn(*scaled), got["transformed"], "transformed call, scaled"),
-        _compare(jax.jit(fun), plain, jax.jit(fun)(*plain), got["eager"], "eager call, scaled"),
-    ]
+    return jax.tree.unflatten(tree, [x * jnp.asarray(f, x.dtype) for x, f in zip(leaves, factors, strict=True)])
 
 
-def _with_special_values(
-    case: Case, fun: Callable[..., Any], args: tuple, transform: str, options: dict[str, Any], reference_fn: Any
+def _called_again(
+    label: str, values: tuple, calls: list[tuple[str, Callable[[tuple], Any]]], references: tuple, transform: str
 ) -> list[str | None]:
-    """Both calls again, the plans in place, on the arguments with NaN, infinities, signed zeros and subnormals
-    written over a few elements of each float leaf: what a plan validated on ordinary values does on a later call
-    that holds special ones (validation saw only the first call's values)."""
-    if case.program.dtype == "int32":
-        return []
-    special = special_values(args, case.data_seed)
-    _, calls = _optimized_calls(fun, special, transform, options)
-    got = {name: call() for name, call in calls}
-    plain = _unbatched(special, transform)
+    """Both calls again on other values, the plans made on the first call in place (the same optimized function and
+    transformation: no new trace), each against its jax.jit reference on the same values."""
+    reference_fn, plain_reference = references
+    got = {name: call(values) for name, call in calls}
+    plain = _unbatched(values, transform)
     return [
-        _compare(reference_fn, special, reference_fn(*special), got["transformed"], "transformed call, special values"),
-        _compare(jax.jit(fun), plain, jax.jit(fun)(*plain), got["eager"], "eager call, special values"),
+        _compare(reference_fn, values, reference_fn(*values), got["transformed"], f"transformed call, {label}"),
+        _compare(plain_reference, plain, plain_reference(*plain), got["eager"], f"eager call, {label}"),
     ]
 
 
@@ -273,24 +263,24 @@ def _unbatched(args: tuple, transform: str) -> tuple:
 
 def _optimized_calls(
     fun: Callable[..., Any], args: tuple, transform: str, options: dict[str, Any]
-) -> tuple[Any, list[tuple[str, Callable[[], Any]]]]:
-    """The optimized function and its two calls: under the transformation, and eagerly on plain arguments."""
-    plain = _unbatched(args, transform)
+) -> tuple[Any, list[tuple[str, Callable[[tuple], Any]]]]:
+    """The optimized function and its two calls, each a function of the case's arguments: under the transformation,
+    and eagerly on the plain arguments."""
+
+    def eager(f: Callable[..., Any]) -> Callable[[tuple], Any]:
+        return lambda a: f(*_unbatched(a, transform))
+
     if transform == "optimize-grad":
         grad_fn = optimize(jax.grad(_loss(fun), argnums=_float_args(args)), **options)
-        fast = optimize(fun, **options)
-        return grad_fn, [("transformed", lambda: grad_fn(*args)), ("eager", lambda: fast(*plain))]
+        return grad_fn, [("transformed", lambda a: grad_fn(*a)), ("eager", eager(optimize(fun, **options)))]
     if transform == "prepare":
         fast = optimize(fun, params_argnums=0, **options)
-        return fast, [("transformed", lambda: fast.prepare(args[0])(*args[1:])), ("eager", lambda: fast(*plain))]
+        return fast, [("transformed", lambda a: fast.prepare(a[0])(*a[1:])), ("eager", eager(fast))]
     fast = optimize(fun, **options)
     if transform == "background":  # the first call may run the original; the one after the plan is ready runs it
-        return fast, [
-            ("transformed", lambda: (fast(*args), fast.plan(*args), fast(*args))[-1]),
-            ("eager", lambda: fast(*plain)),
-        ]
+        return fast, [("transformed", lambda a: (fast(*a), fast.plan(*a), fast(*a))[-1]), ("eager", eager(fast))]
     under = _under(transform, fast, args)
-    return fast, [("transformed", lambda: under(*args)), ("eager", lambda: fast(*plain))]
+    return fast, [("transformed", lambda a: under(*a)), ("eager", eager(fast))]
 
 
 def _compare(reference_fn: Callable[..., Any], args: tuple, expected: Any, got: Any, what: str) -> str | None:
