@@ -35,7 +35,7 @@ import numpy as np
 
 import eqsat
 from benches.models import nasnet_a
-from benches.real_models import _keras_app
+from benches.models.keras_apps import keras_app
 from eqsat.measure import compare
 from eqsat.tolerance import ulps
 from eqsat.tools.versus import against_jit, settled
@@ -355,7 +355,7 @@ SMALL = {  # docs/kernel-gaps.md's single ops
 
 def _train_step(app: str) -> Workload:
     """value_and_grad of a cross-entropy at fixed labels: forward, input-gradient and weight-gradient convs."""
-    model = _keras_app(app, app, batch=2)
+    model = keras_app(app, app, batch=2)
     labels = jnp.asarray([3, 7])
 
     def loss(params: Any, x: jax.Array) -> jax.Array:
@@ -376,7 +376,7 @@ def workload(name: str) -> Workload:
         return _train_step("MobileNetV2")
     if name == "nasnet_a":
         return nasnet_a.build("full")
-    return _keras_app(name, name, batch=2)
+    return keras_app(name, name, batch=2)
 
 
 CASES = ("onehot", "onehot_train", "nasnet_a", *KERAS, "mobilenetv2_train")  # what a run without --only measures

@@ -108,10 +108,10 @@ def jax_run(mode: str, model: str, settings: Settings) -> dict[str, Any]:
     import jax
 
     import eqsat
-    from benches.real_models import _keras_app
+    from benches.models.keras_apps import keras_app
     from eqsat.tools.versus import settled
 
-    work = _keras_app(model, MODELS[model][1], size=settings.size, batch=settings.batch)
+    work = keras_app(model, MODELS[model][1], size=settings.size, batch=settings.batch)
     row: dict[str, Any] = {"version": f"jax {jax.__version__}"}
     run = jax.jit(work.fn) if mode == "jax" else eqsat.optimize(work.fn)
 

@@ -12,7 +12,7 @@ from importlib import resources
 import jax
 
 import eqsat
-from benches.real_models import _keras_app
+from benches.models.keras_apps import keras_app
 from eqsat.measure import compare
 
 
@@ -23,7 +23,7 @@ def without_pools() -> str:
 
 
 def main(name: str = "NASNetMobile") -> None:
-    work = _keras_app(name, name, batch=2)
+    work = keras_app(name, name, batch=2)
     full = eqsat.optimize(work.fn)
     no_pools = eqsat.optimize(work.fn, disabled_rules=("kernels",), rules=without_pools())
     for label, fn in (("full", full), ("no pools", no_pools)):

@@ -5,90 +5,40 @@ time. Each library is imported inside its builder; install them with the optiona
 (pins in ``benches/real_models_requirements.txt``).
 """
 
-import contextlib
-import os
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from benches.models.keras_apps import keras_app
+from benches.models.random_init import SEED, init_scope, normal, params_workload, token_ids
 from eqsat.workload import Workload
-
-SEED = 0
-
-
-def _normal(shape: tuple[int, ...]) -> jax.Array:
-    """A fixed random float32 input."""
-    return jnp.asarray(np.random.default_rng(SEED).standard_normal(shape, dtype=np.float32))
-
-
-def _token_ids(batch: int, seq: int, vocab: int) -> jax.Array:
-    """Fixed random token ids."""
-    return jnp.asarray(np.random.default_rng(SEED).integers(0, vocab, (batch, seq), dtype=np.int32))
-
-
-def _init_scope() -> contextlib.AbstractContextManager[None]:
-    """Scope for drawing random weights: libraries draw each weight eagerly, compiling one sampler per
-    shape, and non-partitionable threefry compiles several times faster on CPU."""
-    return jax.threefry_partitionable(False)
-
-
-def _workload(name: str, fn: Callable[[Any, jax.Array], Any], params: Any, x: jax.Array, note: str) -> Workload:
-    """``fn(params, x)`` with the weights as argument 0."""
-    return Workload(name=name, fn=fn, args=(params, x), params_argnums=(0,), note=note)
-
 
 # --- Keras 3 (JAX backend) ---------------------------------------------------------------------------
 
 
-def _keras_app(name: str, app: str, size: int = 224, batch: int = 1) -> Workload:
-    """A ``keras.applications`` model, random init, inference mode."""
-    os.environ["KERAS_BACKEND"] = "jax"
-    import keras
-
-    if keras.backend.backend() != "jax":
-        raise RuntimeError(f"keras was imported with backend {keras.backend.backend()!r}, need 'jax'")
-    keras.utils.set_random_seed(SEED)
-    with _init_scope():
-        model = getattr(keras.applications, app)(weights=None, input_shape=(size, size, 3))
-    params = (
-        [v.value for v in model.trainable_variables],
-        [v.value for v in model.non_trainable_variables],
-    )
-
-    def fn(params: Any, x: jax.Array) -> jax.Array:
-        trainable, non_trainable = params
-        y, _ = model.stateless_call(trainable, non_trainable, x, training=False)
-        return y
-
-    return _workload(
-        name, fn, params, _normal((batch, size, size, 3)), f"keras.applications.{app} {size}x{size}, batch {batch}"
-    )
-
-
 def keras_resnet50() -> Workload:
-    return _keras_app("keras_resnet50", "ResNet50")
+    return keras_app("keras_resnet50", "ResNet50")
 
 
 def keras_mobilenetv2() -> Workload:
-    return _keras_app("keras_mobilenetv2", "MobileNetV2")
+    return keras_app("keras_mobilenetv2", "MobileNetV2")
 
 
 def keras_mobilenetv2_batch2() -> Workload:
     """At the batch of the census's acceptance (issue 28): `python -m eqsat profile benches.real_models:...`."""
-    return _keras_app("keras_mobilenetv2_batch2", "MobileNetV2", batch=2)
+    return keras_app("keras_mobilenetv2_batch2", "MobileNetV2", batch=2)
 
 
 def keras_efficientnetb0_batch2() -> Workload:
     """At the peers' batch (benches/peers.py), for `python -m benches.rule_ab`."""
-    return _keras_app("keras_efficientnetb0_batch2", "EfficientNetB0", batch=2)
+    return keras_app("keras_efficientnetb0_batch2", "EfficientNetB0", batch=2)
 
 
 def keras_mobilenetv3small_batch2() -> Workload:
     """At the peers' batch (benches/peers.py), for `python -m benches.rule_ab`."""
-    return _keras_app("keras_mobilenetv3small_batch2", "MobileNetV3Small", batch=2)
+    return keras_app("keras_mobilenetv3small_batch2", "MobileNetV3Small", batch=2)
 
 
 def keras_mobilenetv2_train() -> Workload:
@@ -106,14 +56,14 @@ def _hf_flax(name: str, model_cls: str, config_cls: str, seq: int = 128) -> Work
     import transformers
 
     cfg = getattr(transformers, config_cls)()
-    with _init_scope():
+    with init_scope():
         model = getattr(transformers, model_cls)(cfg, input_shape=(1, seq), seed=SEED)
 
     def fn(params: Any, input_ids: jax.Array) -> jax.Array:
         return model(input_ids, params=params, train=False).last_hidden_state
 
-    ids = _token_ids(1, seq, cfg.vocab_size)
-    return _workload(name, fn, model.params, ids, f"transformers.{model_cls} seq {seq}")
+    ids = token_ids(1, seq, cfg.vocab_size)
+    return params_workload(name, fn, model.params, ids, f"transformers.{model_cls} seq {seq}")
 
 
 def flax_bert() -> Workload:
@@ -135,13 +85,13 @@ def _haiku(name: str, forward: Callable[[jax.Array, bool], jax.Array], x: jax.Ar
     import haiku as hk
 
     net = hk.without_apply_rng(hk.transform_with_state(forward))
-    with _init_scope():
+    with init_scope():
         params = net.init(jax.random.key(SEED), x, True)
 
     def fn(params: Any, x: jax.Array) -> jax.Array:
         return net.apply(*params, x, False)[0]
 
-    return _workload(name, fn, params, x, note)
+    return params_workload(name, fn, params, x, note)
 
 
 def haiku_resnet50() -> Workload:
@@ -150,7 +100,7 @@ def haiku_resnet50() -> Workload:
     def forward(x: jax.Array, is_training: bool) -> jax.Array:
         return hk.nets.ResNet50(num_classes=1000)(x, is_training=is_training)
 
-    return _haiku("haiku_resnet50", forward, _normal((1, 224, 224, 3)), "haiku.nets.ResNet50 224x224")
+    return _haiku("haiku_resnet50", forward, normal((1, 224, 224, 3)), "haiku.nets.ResNet50 224x224")
 
 
 def haiku_mlp() -> Workload:
@@ -160,7 +110,7 @@ def haiku_mlp() -> Workload:
         del is_training
         return hk.nets.MLP([1024, 1024, 1024, 10])(x)
 
-    return _haiku("haiku_mlp", forward, _normal((32, 784)), "haiku.nets.MLP 784-1024x3-10 batch 32")
+    return _haiku("haiku_mlp", forward, normal((32, 784)), "haiku.nets.MLP 784-1024x3-10 batch 32")
 
 
 # --- Equinox -----------------------------------------------------------------------------------------
@@ -175,14 +125,14 @@ def _equinox(name: str, model: Any, x: jax.Array, note: str) -> Workload:
     def fn(params: Any, x: jax.Array) -> jax.Array:
         return jax.vmap(eqx.combine(params, static))(x)
 
-    return _workload(name, fn, params, x, note)
+    return params_workload(name, fn, params, x, note)
 
 
 def equinox_mlp() -> Workload:
     import equinox as eqx
 
     model = eqx.nn.MLP(784, 10, width_size=1024, depth=3, activation=jax.nn.gelu, key=jax.random.key(SEED))
-    return _equinox("equinox_mlp", model, _normal((32, 784)), "equinox.nn.MLP 784-1024x3-10 batch 32")
+    return _equinox("equinox_mlp", model, normal((32, 784)), "equinox.nn.MLP 784-1024x3-10 batch 32")
 
 
 def equinox_cnn() -> Workload:
@@ -201,7 +151,7 @@ def equinox_cnn() -> Workload:
             eqx.nn.Linear(64, 10, key=k3),
         ]
     )
-    return _equinox("equinox_cnn", model, _normal((16, 1, 28, 28)), "equinox.nn Conv2d/MaxPool2d/Linear batch 16")
+    return _equinox("equinox_cnn", model, normal((16, 1, 28, 28)), "equinox.nn Conv2d/MaxPool2d/Linear batch 16")
 
 
 REAL_MODELS: dict[str, Callable[[], Workload]] = {
