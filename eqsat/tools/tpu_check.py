@@ -175,10 +175,6 @@ def check(
     if plan.overflow_guard:
         flat = jax.tree_util.tree_leaves(structs)
         found.alone = compile_figures(lambda: jax.jit(lower(plan)).lower(*flat))
-        found.notes.append(
-            "guarded: XLA counts the guard's fallback loop (the original, run only where the plan overflows) in "
-            "the plan's flops and bytes; 'plan alone' is the plan's program without it"
-        )
     return found
 
 
@@ -203,11 +199,12 @@ def _side(compiled: Compiled, cost: Cost | None, model: int | None) -> list[str]
 
 def _predicted(cost: Cost | None, model: int | None) -> list[str]:
     if cost is None:
-        return ["", "", "", ""]
+        return [""] * 5
     return [
         f"{cost.flops:.4g}",
         f"{cost.bytes:.4g}",
         f"{cost.seconds * 1e6:.1f} us",
+        str(cost.kernels),
         _mib(model) if model is not None else "-",
     ]
 
@@ -222,6 +219,7 @@ ROWS = (
     "eqsat flops",
     "eqsat bytes",
     "eqsat time",
+    "eqsat kernels",
     "eqsat memory model (best-fit arena)",
 )
 
@@ -243,13 +241,19 @@ def side_by_side(found: Check) -> str:
     for k, row in enumerate(ROWS):
         values = [column[k] for column in columns.values()]
         lines.append(f"{row:<{width}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(values, cells, strict=True)))
-    lines.append(f"rewritten ops: {_listed(found.rewritten)}")
-    lines.append(f"rules fired:   {_listed(plan.rules_fired)}")
+    lines.append(f"rewritten ops: {listed(found.rewritten)}")
+    lines.append(f"rules fired:   {listed(plan.rules_fired)}")
+    if found.guarded:
+        lines.append(
+            "note: guarded (@real rules): XLA counts the guard's fallback loop, the original, run only where the "
+            "plan overflows, in the plan's flops and bytes; 'plan alone' is the plan's program without it"
+        )
     lines += [f"note: {note}" for note in [*found.notes, *findings(found)]]
     return "\n".join(lines)
 
 
-def _listed(counts: dict[str, int]) -> str:
+def listed(counts: dict[str, int]) -> str:
+    """name x count, ..., or none."""
     return ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "none"
 
 
@@ -257,12 +261,13 @@ def findings(found: Check) -> list[str]:
     """What deserves a look: a program the TPU compiler refused, a plan XLA counts as more work than the original,
     a memory budget the TPU's buffer assignment misses, eqsat's memory model off XLA's peak by more than 10%."""
     said = [f"{name} does not compile for TPU" for name, c in programs(found) if c.error]
-    plan = _plan_program(found)
+    plan = plan_program(found)
     base = found.original
     if not plan.error and not base.error:
         for what, mine, theirs in (("flops", plan.flops, base.flops), ("bytes", plan.bytes, base.bytes)):
             if mine > theirs * 1.001:
-                said.append(f"the plan has more XLA {what} than the original ({mine:.4g} > {theirs:.4g})")
+                said.append(f"the plan has more XLA {what} than the original ({mine:.4g} > {theirs:.4g}); "
+                            + _predicted_instead(found.plan, what))  # fmt: skip
         if found.budget is not None:
             said.append(
                 f"budget {_mib(found.budget)}: XLA temp {_mib(plan.temp)} with the plan "
@@ -279,12 +284,20 @@ def findings(found: Check) -> list[str]:
     return said
 
 
+def _predicted_instead(plan: Plan, what: str) -> str:
+    """What eqsat predicted for `what` ("flops" or "bytes") and where it saw the gain."""
+    before, after = getattr(plan.original, what), getattr(plan.predicted, what)
+    said = f"eqsat predicted {'more' if after > before * 1.001 else 'no more'} ({before:.4g} -> {after:.4g})"
+    kernels = f"kernels {plan.original.kernels} -> {plan.predicted.kernels}"
+    return f"{said}, its gain from {kernels}" if plan.predicted.seconds < plan.original.seconds else said
+
+
 def programs(found: Check) -> list[tuple[str, Compiled]]:
     """Each program compiled, named."""
     pairs = [("the original", found.original), ("the plan", found.planned)]
     return pairs + ([("the plan alone", found.alone)] if found.alone is not None else [])
 
 
-def _plan_program(found: Check) -> Compiled:
+def plan_program(found: Check) -> Compiled:
     """The plan's own program: without the guard where it has one (the guard's fallback is the original)."""
     return found.alone if found.alone is not None else found.planned

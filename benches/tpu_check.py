@@ -1,0 +1,140 @@
+"""The bench models, the demo's cases and the kernel workloads planned for tpu-v5e and compiled, original and plan,
+by XLA's own TPU compiler on this machine without a TPU (issue 43; eqsat/tools/tpu_check.py): a markdown table of
+both programs' TPU flops, bytes, temp bytes and fusions beside eqsat's predictions, and the rewrites each plan took.
+
+Needs libtpu (the optional extra `tpu-aot`), e.g. `PYTHONPATH=/path/to/libtpu python -m benches.tpu_check`.
+"""
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+
+from eqsat.tools import tpu_check
+from eqsat.workload import Workload
+
+
+def _cases(scale: str) -> dict[str, Callable[[], Workload]]:
+    """name -> workload factory: the demo's examples, the NasRNN steps, the bench models, the JAX-only kernels."""
+    from benches import kernels
+    from benches.acceptance import WORKLOADS
+    from benches.models.registry import MODELS
+
+    cases: dict[str, Callable[[], Workload]] = {name: lambda f=f: f(scale) for name, f in WORKLOADS.items()}
+    del cases["nasrnn_5_steps"]  # MODELS' nasrnn, the same build
+    cases.update({name: lambda f=f: f(scale) for name, f in MODELS.items()})
+    keras_free = ("onehot", "onehot_train", *kernels.SMALL, *kernels.WITH_HAND, *kernels.SUMS)
+    cases.update({name: lambda name=name: kernels.workload(name) for name in keras_free if "keras" not in name})
+    return cases
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.2f}"
+
+
+def _pair(original: float, plan: float, fmt: Callable[[float], str] = lambda v: f"{v:.3g}") -> str:
+    mark = " **more**" if plan > original * 1.001 and original >= 0 else ""
+    return f"{fmt(original)} -> {fmt(plan)}{mark}"
+
+
+HEADER = (
+    "| case | TPU compile | XLA flops | XLA bytes | XLA temp MiB | XLA fusions (eqsat kernels) | XLA optimal us "
+    "| eqsat flops | eqsat bytes | eqsat us | ranks agree | rewritten ops (rules that fired) | notes |\n"
+    + "|---" * 13
+    + "|"
+)
+
+
+def row(found: tpu_check.Check) -> str:
+    """One markdown row: original -> plan (the plan's own program where guarded)."""
+    base, mine, plan = found.original, tpu_check.plan_program(found), found.plan
+    failed = [name for name, c in tpu_check.programs(found) if c.error]
+    compiled = "both" if not failed else "FAILED: " + ", ".join(failed)
+    if failed:
+        figures = [""] * 5
+    else:
+        figures = [
+            _pair(base.flops, mine.flops),
+            _pair(base.bytes, mine.bytes),
+            _pair(base.temp, mine.temp, _mib),
+            f"{base.fusions} -> {mine.fusions} (eqsat {plan.original.kernels} -> {plan.predicted.kernels})",
+            _pair(base.seconds * 1e6, mine.seconds * 1e6, lambda v: f"{v:.1f}" if v >= 0 else "-"),
+        ]
+    predicted = [
+        _pair(plan.original.flops, plan.predicted.flops),
+        _pair(plan.original.bytes, plan.predicted.bytes),
+        _pair(plan.original.seconds * 1e6, plan.predicted.seconds * 1e6, lambda v: f"{v:.1f}"),
+    ]
+    rewrites = tpu_check.listed(found.rewritten)
+    rules = ", ".join(sorted(plan.rules_fired)) or "none"
+    notes = [*found.notes, *tpu_check.findings(found)]
+    if found.guarded and not found.planned.error:
+        notes.append(f"guarded: with its fallback {found.planned.flops:.3g} flops, {found.planned.bytes:.3g} bytes")
+    cells = [found.name, compiled, *figures, *predicted, _agrees(found), f"{rewrites} ({rules})", "; ".join(notes)]
+    return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
+
+
+def _agrees(found: tpu_check.Check) -> str:
+    """Whether eqsat's predicted change and the TPU compiler's flops and bytes point the same way: +1 where XLA
+    counts fewer of one and no more of the other, -1 the reverse, 0 where both are within 2%. (XLA's own
+    optimal_seconds is no judge: it reads (A@B)@v and A@(B@v) at 1024 as equally fast.)"""
+    base, mine, plan = found.original, tpu_check.plan_program(found), found.plan
+    if base.error or mine.error:
+        return "-"
+
+    def way(before: float, after: float) -> int:
+        return 0 if abs(after - before) <= 0.02 * max(before, 1e-30) else (1 if after < before else -1)
+
+    ours = way(plan.original.seconds, plan.predicted.seconds)
+    flops, bytes_ = way(base.flops, mine.flops), way(base.bytes, mine.bytes)
+    theirs = flops + bytes_ if flops * bytes_ >= 0 else None  # None: fewer flops, more bytes, or the reverse
+    if theirs is None:
+        return f"mixed (eqsat {ours:+d}, XLA flops {flops:+d}, bytes {bytes_:+d})"
+    return "yes" if ours == (theirs > 0) - (theirs < 0) else f"**no** (eqsat {ours:+d}, XLA {theirs:+d})"
+
+
+def run(names: list[str], scale: str, memory_budget: int | None = None) -> list[str]:
+    """The table's rows, one case at a time (a case that crashes is a row saying so)."""
+    cases = _cases(scale)
+    unknown = [name for name in names if name not in cases]
+    if unknown:
+        raise SystemExit(f"python -m benches.tpu_check: error: unknown cases {unknown}; choose from {sorted(cases)}")
+    device = tpu_check.tpu_device()
+    rows = []
+    for name in names:
+        start = time.perf_counter()
+        try:
+            found = tpu_check.check(cases[name](), device=device, memory_budget=memory_budget)
+        except Exception as error:  # any case's failure is a finding of the table, not the end of the run
+            traceback.print_exc()
+            rows.append(f"| {name} | CRASHED: {type(error).__name__}: {str(error).splitlines()[0][:200]} |")
+            continue
+        rows.append(row(found))
+        print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benches.tpu_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated cases (default: all)")
+    parser.add_argument("--scale", default="full", choices=["full", "small"], help="the examples' and models' size")
+    parser.add_argument("--memory-budget", type=int, help="optimize's memory_budget for every case")
+    parser.add_argument("--out", help="also write the table to this markdown file")
+    args = parser.parse_args(argv)
+    tpu_check.quiet_libtpu()  # before any case's arguments start jax's backends
+    os.environ.setdefault("EQSAT_PLAN_STORE", "off")  # plans made here with the guard off: not for other processes
+    names = args.only.split(",") if args.only else list(_cases(args.scale))
+    rows = run(names, args.scale, args.memory_budget)
+    table = "\n".join([HEADER, *rows])
+    print(table)
+    if args.out:
+        with open(args.out, "w") as out:
+            out.write(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
