@@ -16,7 +16,7 @@ import jax
 
 from eqsat.backends import memory
 from eqsat.backends.memory import BudgetReport, MemoryReport, memory_report
-from eqsat.buckets import Bucketed, Buckets
+from eqsat.buckets import Buckets, PaddedCall, Padding
 from eqsat.dispatcher import Dispatcher
 from eqsat.extract.plan import Plan
 from eqsat.options import Limits, Options, checked, checked_option, resolve
@@ -25,17 +25,25 @@ from eqsat.prepare import prepare
 
 class Optimized:
     """The callable optimize() returns: call it like the original (or like jax.jit(original): `.lower`, `.trace`,
-    `.clear_cache`, jax.export); `.plan(*args)` shows what runs."""
+    `.clear_cache`, jax.export); `.plan(*args)` shows what runs. With buckets every method takes the call as its
+    bucket pads it (eqsat/buckets.py), and a call's results are sliced back."""
 
-    def __init__(self, fun: Callable[..., Any], options: Options) -> None:
+    def __init__(self, fun: Callable[..., Any], options: Options, buckets: Buckets | None = None) -> None:
         self.fun, self.options = fun, options
         self._calls = Dispatcher(fun, options)
+        self._padding = None if buckets is None else Padding(fun, options, buckets)
         # fun's name, doc, __wrapped__ and attributes, as jax.jit copies them, but never over our own state (fun
         # may carry a wrapped Optimized's, as jax.grad(optimize(f)) does)
         functools.update_wrapper(self, fun, updated=())
         vars(self).update({k: v for k, v in getattr(fun, "__dict__", {}).items() if k not in vars(self)})
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        padded = None if self._padding is None else self._padding.padded(args, kwargs)
+        if padded is None:
+            return self._call(args, kwargs)
+        return padded.cut(self._call(padded.args, padded.kwargs))
+
+    def _call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
         calls = self._calls
         epoch = calls.plans.epoch
         if calls.quiet != epoch:  # something may be owed: a plan to validate, a landing, a trace
@@ -56,20 +64,26 @@ class Optimized:
 
     def trace(self, *args: Any, **kwargs: Any) -> jax.stages.Traced:
         """jax.jit's ahead-of-time trace of the optimized program (arguments may be jax.ShapeDtypeStructs)."""
+        args, kwargs, _ = self._padded(args, kwargs)
         return self._calls.checked(lambda run: run.trace(*args, **kwargs), args, kwargs)
 
     def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
         """jax.jit's lowering of the optimized program: `.as_text()`, `.compile()`, `.cost_analysis()`."""
+        args, kwargs, _ = self._padded(args, kwargs)
         return self._calls.checked(lambda run: run.lower(*args, **kwargs), args, kwargs)
 
     def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
         """jax.jit's eval_shape: the results' shapes and dtypes, as jax.ShapeDtypeStructs."""
-        return self._calls.checked(lambda run: run.eval_shape(*args, **kwargs), args, kwargs)
+        args, kwargs, padded = self._padded(args, kwargs)
+        shapes = self._calls.checked(lambda run: run.eval_shape(*args, **kwargs), args, kwargs)
+        return shapes if padded is None else padded.cut(shapes)
 
     def clear_cache(self) -> None:
         """Forget every plan (of this function and settings, however often wrapped) and trace, as jax.jit's
         clear_cache does."""
         self._calls.clear()
+        if self._padding is not None:
+            self._padding.clear()
 
     def cache_info(self) -> dict[str, int]:
         """How many plans the signature cache holds now, how many it keeps at most (cache_size), and how many of
@@ -81,13 +95,15 @@ class Optimized:
 
         It computes the parameter-only part of each plan once, as an inference engine does when it builds.
         """
-        return prepare(self._calls, params)
+        run = prepare(self._calls, params)
+        return run if self._padding is None else functools.partial(self._padded_prepared, run, params)
 
     def plan(self, *args: Any, prepared: bool | None = None, **kwargs: Any) -> Plan:
         """The plan for arguments of these shapes and dtypes (built if needed).
 
         With parameters declared it is the plan `prepare` runs, unless prepared=False: then the plan a direct
         call runs, which prices parameter-only work as the per-call work it is."""
+        args, kwargs, _ = self._padded(args, kwargs)
         _, signature = self._calls.signature(args, kwargs)
         return self._calls.entry(signature, bool(self.options.params_argnums) if prepared is None else prepared).plan
 
@@ -98,15 +114,36 @@ class Optimized:
         program end to end (0: not timed)."""
         from eqsat import census  # imported where it is used: planning and calls never load it
 
+        args, _, _ = self._padded(args, {})
         return census.profile(self, args, self._calls.programs, measure_seconds, seconds)
 
     def memory(self, *args: Any, **kwargs: Any) -> MemoryReport:
         """Memory of the plan for these arguments: liveness, best-fit arena, lower bound, a memory-aware order
         (our model) and XLA's own figure of the compiled program; also kept in the plan's summary."""
+        args, kwargs, _ = self._padded(args, kwargs)
         flat, signature = self._calls.signature(args, kwargs)
         entry = self._calls.entry(signature)
         entry.plan.memory = memory_report(entry.plan, entry.call, flat)
         return entry.plan.memory
+
+    def _padded(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any], PaddedCall | None]:
+        """The arguments as the call's bucket pads them (as they are without buckets, or where it runs unpadded)."""
+        padded = None if self._padding is None else self._padding.padded(args, kwargs)
+        return (args, kwargs, None) if padded is None else (padded.args, padded.kwargs, padded)
+
+    def _padded_prepared(self, run: Callable[..., Any], params: tuple, *rest: Any, **kwargs: Any) -> Any:
+        """A prepared call padded to its bucket: the bucket's argument numbers count the parameters too."""
+        n = len(rest) + len(params)
+        placed = sorted(zip((i % n for i in self.options.params_argnums), params, strict=True), key=lambda p: p[0])
+        at = {i for i, _ in placed}
+        full = list(rest)
+        for i, param in placed:
+            full.insert(i, param)
+        padded = self._padding.padded(tuple(full), kwargs)
+        if padded is None:
+            return run(*rest, **kwargs)
+        others = [a for i, a in enumerate(padded.args) if i not in at]
+        return padded.cut(run(*others, **padded.kwargs))
 
 
 def optimize(
@@ -129,7 +166,7 @@ def optimize(
     donate_argnums: int | Sequence[int] | None = None,
     donate_argnames: str | Sequence[str] | None = None,
     **jit_options: Any,
-) -> Any:
+) -> Optimized | Callable[[Callable[..., Any]], Optimized]:
     """Optimize a JAX function by equality saturation; use as `optimize(f, ...)` or `@optimize(...)`.
 
     target: a device profile ("cpu", "a100", "h100", "h200", "tpu-v5e"); the plan runs wherever JAX runs.
@@ -166,8 +203,7 @@ def optimize(
     if fun is None:
         return functools.partial(optimize, **settings, buckets=buckets, **jit_options)
     _check_function(fun)
-    optimized = Optimized(fun, resolve(fun, **settings, jit_options=jit_options))
-    return optimized if buckets is None else Bucketed(optimized, buckets)
+    return Optimized(fun, resolve(fun, **settings, jit_options=jit_options), buckets)
 
 
 def _check_function(fun: Any) -> None:

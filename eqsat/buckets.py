@@ -25,8 +25,7 @@ from eqsat.errors import EqsatWarning
 from eqsat.rows import Axis, RowsMixed, row_axes
 
 if TYPE_CHECKING:
-    from eqsat.api import Optimized
-    from eqsat.extract.plan import Plan
+    from eqsat.options import Options
 
 _NOT_THE_CALLER = (os.path.dirname(jax.__file__), os.path.dirname(__file__))
 
@@ -56,17 +55,40 @@ class Buckets:
         return next((s for s in self.sizes if s >= n), n)
 
 
-class Bucketed:
-    """What optimize(f, buckets=...) returns: calls pad to a bucket, run the optimized f, and slice back, where the
-    program keeps rows apart (eqsat/rows.py)."""
+@dataclass(frozen=True)
+class PaddedCall:
+    """A call padded to its bucket: the padded arguments, the rows the call has, and where each result leaf carries
+    them (None: a leaf without the rows)."""
 
-    def __init__(self, optimized: "Optimized", buckets: Buckets) -> None:
-        self.optimized, self.buckets = optimized, buckets
-        options = optimized.options
+    args: tuple
+    kwargs: dict[str, Any]
+    rows: int
+    row_axes: list[Axis]
+
+    def cut(self, out: Any) -> Any:
+        """The padded call's results sliced back to the call's rows."""
+        leaves, tree = jax.tree_util.tree_flatten(out)
+        cut = [x if q is None else _cut(x, self.rows, q) for x, q in zip(leaves, self.row_axes, strict=True)]
+        return jax.tree_util.tree_unflatten(tree, cut)
+
+
+def _cut(x: Any, n: int, axis: int) -> Any:
+    if isinstance(x, jax.ShapeDtypeStruct):  # eval_shape's results
+        return jax.ShapeDtypeStruct((*x.shape[:axis], n, *x.shape[axis + 1 :]), x.dtype, weak_type=x.weak_type)
+    return jax.lax.slice_in_dim(x, 0, n, axis=axis)
+
+
+class Padding:
+    """How optimize(f, buckets=...) pads a call to its bucket, where the program keeps rows apart (eqsat/rows.py):
+    every method of the optimized function (call, plan, lower, trace, eval_shape, prepare, memory, profile) runs
+    the padded call, and a call's results are sliced back."""
+
+    def __init__(self, fun: Any, options: "Options", buckets: Buckets) -> None:
+        self.fun, self.options, self.buckets = fun, options, buckets
         static = set(buckets.argnums) & set(options.static_argnums)
         if static:
             raise ValueError(f"buckets name argument(s) {sorted(static)}, which static_argnums makes static")
-        signature = api_util.fun_signature(optimized.fun)
+        signature = api_util.fun_signature(fun)
         positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         params = [] if signature is None else [p for p in signature.parameters.values() if p.kind in positional]
         self._names = [p.name for p in params]  # a bucketed argument may come by keyword, or be named in errors
@@ -74,30 +96,12 @@ class Bucketed:
         self._rows: dict[Any, list[Axis] | None] = {}  # padded call -> each result's row axis; None: rows mix
         self._warned: set[str] = set()
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        padded = self._padded_call(args, kwargs)
-        if padded is None:
-            return self.optimized(*args, **kwargs)
-        padded_args, padded_kwargs, n, rows = padded
-        leaves, tree = jax.tree_util.tree_flatten(self.optimized(*padded_args, **padded_kwargs))
-        cut = [x if q is None else jax.lax.slice_in_dim(x, 0, n, axis=q) for x, q in zip(leaves, rows, strict=True)]
-        return jax.tree_util.tree_unflatten(tree, cut)
-
-    def plan(self, *args: Any, **kwargs: Any) -> "Plan":
-        """The plan calls with these arguments run: that of their bucket's padded shapes, where they are padded."""
-        padded = self._padded_call(args, kwargs)
-        return self.optimized.plan(*args, **kwargs) if padded is None else self.optimized.plan(*padded[0], **padded[1])
-
-    def cache_info(self) -> dict[str, int]:
-        return self.optimized.cache_info()
-
-    def clear_cache(self) -> None:
-        self.optimized.clear_cache()
+    def clear(self) -> None:
         self._rows.clear()
 
-    def _padded_call(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict, int, list[Axis]] | None:
-        """The call padded to its bucket, the rows it has, and where each result leaf carries them; None where it
-        runs unpadded (a size that is a bucket's or above them all, or rows that the program mixes)."""
+    def padded(self, args: tuple, kwargs: dict[str, Any]) -> PaddedCall | None:
+        """The call padded to its bucket; None where it runs unpadded (a size that is a bucket's or above them all,
+        or rows that the program mixes)."""
         where = self._where(args, kwargs)
         n = self._size(args, kwargs, where)
         size = self.buckets.bucket(n)
@@ -105,7 +109,7 @@ class Bucketed:
         if rows is None:
             return None
         padded_args = tuple(self._pad(a, size) if i in where else a for i, a in enumerate(args))
-        return padded_args, {k: self._pad(v, size) if k in where else v for k, v in kwargs.items()}, n, rows
+        return PaddedCall(padded_args, {k: self._pad(v, size) if k in where else v for k, v in kwargs.items()}, n, rows)
 
     def _where(self, args: tuple, kwargs: dict[str, Any]) -> list[int | str]:
         """Each bucketed argument's place in this call: its position, or its name where it comes by keyword."""
@@ -162,7 +166,7 @@ class Bucketed:
     def _row_axes(self, args: tuple, kwargs: dict[str, Any], where: list[int | str], size: int) -> list[Axis] | None:
         """Where each result leaf of the call padded to `size` carries the rows, or None where the program mixes
         rows (warned once per reason): decided from the program traced at the padded length and one row longer."""
-        options = self.optimized.options
+        options = self.options
         static = {i % len(args) for i in options.static_argnums if -len(args) <= i < len(args)}
         dynamic = (
             [None if i in static else a for i, a in enumerate(args)],
@@ -199,7 +203,7 @@ class Bucketed:
         def flat(*leaves: Any) -> Any:
             dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(tree, leaves)
             full = [args[i] if i in static else a for i, a in enumerate(dyn_args)]
-            return self.optimized.fun(*full, **{**kwargs, **dyn_kwargs})
+            return self.fun(*full, **{**kwargs, **dyn_kwargs})
 
         def traced(length: int) -> Any:
             shapes = [
@@ -222,7 +226,7 @@ class Bucketed:
         if reason not in self._warned:
             self._warned.add(reason)
             warnings.warn(
-                f"eqsat: {getattr(self.optimized.fun, '__name__', 'the function')} runs unpadded: its rows along axis "
+                f"eqsat: {getattr(self.fun, '__name__', 'the function')} runs unpadded: its rows along axis "
                 f"{axis} of argument(s) {self.buckets.argnums} are not independent ({reason})",
                 EqsatWarning,
                 skip_file_prefixes=_NOT_THE_CALLER,  # the user's call, under jax's transformations too

@@ -202,3 +202,32 @@ def test_where_rows_are_kept_apart(name):
     else:
         with pytest.raises(RowsMixed, match=expected):
             row_axes(small, large, [0], 8)
+
+
+def test_every_method_of_the_optimized_function_takes_the_padded_call():
+    """Buckets are an option of the one front (issue 44 item 3): lower, trace, eval_shape, plan, prepare, memory,
+    profile and method binding see the call as its bucket pads it; a call's results come back sliced."""
+    fast = eqsat.optimize(_mlp, params_argnums=0, buckets=eqsat.Buckets((8,), argnums=1))
+    assert isinstance(fast, eqsat.Optimized)
+    x = _x(5)
+    want = _mlp(_PARAMS, x)
+    shapes = fast.eval_shape(_PARAMS, x)
+    assert shapes[0].shape == (5, 8) and shapes[1].shape == ()
+    assert "8x8" in fast.lower(_PARAMS, x).as_text() and fast.trace(_PARAMS, x).jaxpr.in_avals[-1].shape == (8, 8)
+    assert fast.plan(_PARAMS, x).graph.nodes[2].shape == (8, 8)
+    prepared = fast.prepare(_PARAMS)
+    np.testing.assert_allclose(prepared(x)[0], want[0], rtol=2e-3, atol=1e-4)
+    assert prepared(x)[0].shape == (5, 8)
+    assert fast.memory(_PARAMS, x).planned_peak > 0
+    assert fast.cache_info()["plans"] >= 1
+
+    class Layer:
+        weights = _PARAMS
+
+        @eqsat.optimize(static_argnums=0, buckets=eqsat.Buckets((8,), argnums=1))
+        def __call__(self, x):
+            return _mlp(self.weights, x)[0]
+
+    np.testing.assert_allclose(Layer()(x), want[0], rtol=2e-3, atol=1e-4)
+    fast.clear_cache()
+    assert fast.cache_info()["plans"] == 0

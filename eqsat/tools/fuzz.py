@@ -185,7 +185,7 @@ def run_case(case: Case) -> Outcome:
     fallback = any("differed from the original" in m for m in messages)
     internal = [m for m in messages if "could not plan" in m]
     rewritten = collections.Counter()
-    entries = list(getattr(fast, "optimized", fast)._calls.cache.values())  # a Bucketed's optimized function
+    entries = list(fast._calls.cache.values())
     for entry in entries:
         rewritten.update(entry.plan.rewritten_ops() if entry.plan.fallback is None else {})
     outcome = Outcome(case, "ok", fallback=fallback, rewritten=dict(rewritten), seconds=0.0)
