@@ -27,10 +27,10 @@ from eqsat.ops import ConvAttrs, OpSpec, captured_as
 INLINED = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call"}
 _INLINED_BODY_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
-Captured = tuple[str, tuple, list[int]]  # the op, its attributes, its inputs
+NodeCapture = tuple[str, tuple, list[int]]  # one equation as a graph node: the op, its attributes, its inputs
 # (graph, equation, its inputs' nodes) -> the equation as an op of the table (with helper nodes added before it), or
 # None to keep it opaque
-Capture = Callable[[Graph, jcore.JaxprEqn, list[int]], Captured | None]
+Capture = Callable[[Graph, jcore.JaxprEqn, list[int]], NodeCapture | None]
 # op name -> how the primitives its table entry names are captured, where its capture_params cannot say it
 CAPTURES: dict[str, Capture] = {}
 
@@ -121,7 +121,7 @@ def _capture_eqn(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> list[i
     return results
 
 
-def _model(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+def _model(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> NodeCapture | None:
     """The IR op for an equation the op table models exactly, or None to keep it opaque."""
     if eqn.effects or not all(isinstance(v.aval, ShapedArray) for v in (*eqn.invars, *eqn.outvars)):
         return None
@@ -138,7 +138,7 @@ def _one_dtype(eqn: jcore.JaxprEqn) -> bool:
     return len(dtypes) == 1 and dtypes != {np.dtype(bool)} and isinstance(next(iter(dtypes)), np.dtype)
 
 
-def _with_params(graph: Graph, op: OpSpec, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+def _with_params(graph: Graph, op: OpSpec, eqn: jcore.JaxprEqn, inputs: list[int]) -> NodeCapture | None:
     """The op with the attributes its entry's capture_params makes of the parameters (none: a primitive without
     parameters), binary ops' operands broadcast to the output's shape."""
     if op.capture_params is not None:
@@ -167,7 +167,7 @@ def _broadcast_to(graph: Graph, node: int, shape: tuple[int, ...]) -> int:
 
 
 @_captures(ops.CONCAT)
-def _concat(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+def _concat(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> NodeCapture | None:
     """An n-way concatenate as a left-nested chain of binary Concats."""
     axis = int(eqn.params["dimension"])
     if len(inputs) == 1:
@@ -182,7 +182,7 @@ def _concat(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | 
 
 
 @_captures(ops.RESHAPE)
-def _reshape(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+def _reshape(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> NodeCapture | None:
     """A reshape without dimensions or sharding, and a squeeze, as (Reshape new_shape x)."""
     if eqn.primitive.name == "squeeze":
         return ops.RESHAPE, (tuple(int(d) for d in eqn.outvars[0].aval.shape),), inputs
@@ -192,7 +192,7 @@ def _reshape(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured |
 
 
 @_captures(ops.SLICE)
-def _slice(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+def _slice(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> NodeCapture | None:
     """A unit-stride slice as a chain of single-axis Slices, one per axis it narrows."""
     p = eqn.params
     if p["strides"] is not None and any(s != 1 for s in p["strides"]):
@@ -221,7 +221,7 @@ _CONV_PARAMS = {
 
 
 @_captures(ops.CONV)
-def _conv(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+def _conv(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> NodeCapture | None:
     """A conv_general_dilated of any rank and dimension numbers as a Conv in the table's channels-last layout
     (backends/kernels.conv_dimension_numbers), with transposes around it where the layout differs (NCHW, the kernels
     of gradients, what vmap produces), which XLA folds. A precision, a preferred element type or an output sharding
@@ -269,14 +269,14 @@ def _to_spec(graph: Graph, node: int, spec: tuple[int, ...], target: tuple[int, 
 
 
 @_captures(ops.CUMULATIVE)
-def _cumulative(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+def _cumulative(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> NodeCapture | None:
     """lax.cumsum / cumprod / cummax / cummin / cumlogsumexp as (Cumulative kind axis reverse x)."""
     kind = CUMULATIVE[eqn.primitive.name]
     return ops.CUMULATIVE, (kind, int(eqn.params["axis"]), int(eqn.params["reverse"])), inputs
 
 
 @_captures(ops.CONVERT)
-def _convert(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+def _convert(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> NodeCapture | None:
     """convert_element_type: the last step of jax.nn.one_hot as a OneHot, a conversion between real float dtypes as
     (Convert dtype x); to or from an integer, a bool or a weak type it stays opaque."""
     one_hot = _one_hot(graph, eqn, inputs)
@@ -290,7 +290,7 @@ def _convert(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured |
     return ops.CONVERT, (np.dtype(target).name,), inputs
 
 
-def _one_hot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+def _one_hot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> NodeCapture | None:
     """jax.nn.one_hot: convert(eq(broadcast(ids)[..., None], iota along the last axis)) as (OneHot depth dtype ids);
     any other conversion stays opaque."""
     source = graph.nodes[inputs[0]]
@@ -316,7 +316,7 @@ def _one_hot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured |
 
 
 @_captures(ops.ARG_REDUCE)
-def _arg_reduce(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+def _arg_reduce(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> NodeCapture | None:
     """lax.argmax / lax.argmin along one axis as (ArgReduce "max"|"min" axis index_dtype x)."""
     (axis,) = eqn.params["axes"]
     kind = eqn.primitive.name.removeprefix("arg")
@@ -325,7 +325,7 @@ def _arg_reduce(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Capture
 
 @_captures(ops.TAKE_ALONG)
 @_captures(ops.PUT_ALONG)
-def _along_last_axis(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+def _along_last_axis(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> NodeCapture | None:
     """jnp.take_along_axis along the last axis (a gather with the leading axes as batch axes) as (TakeAlong fill x
     ids), and its gradient's scatter-add as (PutAlong x ids updates), the trailing index axis of the ids dropped;
     out-of-range ids filled with NaN or 0 (a gather) or dropped (a scatter), as in FILL_OR_DROP mode. Any other
@@ -357,7 +357,7 @@ def _same_value(fill: Any, value: float) -> bool:
 
 
 @_captures(ops.DOT)
-def _dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured | None:
+def _dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> NodeCapture | None:
     """dot_general in the forms that Dot / BatchDot express, with a matrix transpose of b where needed."""
     params = eqn.params
     if params.get("precision") is not None:
@@ -391,7 +391,7 @@ def _transposed(graph: Graph, node: int) -> int:
     return graph.add(Node(ops.MT, (node,), (), shape, src.dtype))
 
 
-def _flat_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> Captured:
+def _flat_dot(graph: Graph, eqn: jcore.JaxprEqn, inputs: list[int]) -> NodeCapture:
     """Any other dot_general without batch axes as a matrix product of the operands flattened to (free, contracted)
     and (contracted, free) matrices, reshaped back. An embedding's gradient, one_hot(ids) contracted with the
     cotangent over the leading (token) axes, becomes Dot(MT(Reshape(cotangent)), Reshape(one_hot)), which
