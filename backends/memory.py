@@ -34,11 +34,6 @@ class Interval:
     end: int
 
 
-def nbytes(shape: tuple[int, ...] | None, dtype: str | None) -> int:
-    """Bytes of one array value; 0 for the tuple value of a multi-result opaque call (its Gets hold the data)."""
-    return 0 if dtype is None else value_bytes(shape, dtype)
-
-
 def liveness(plan: "Plan", order: Sequence[int] | None = None, donated: bool = False) -> list[Interval]:
     """One interval per plan node, in plan order, for the schedule `order` (default: the plan's node order).
 
@@ -66,7 +61,7 @@ def liveness(plan: "Plan", order: Sequence[int] | None = None, donated: bool = F
     intervals = []
     for i, node in enumerate(nodes):
         start = 0 if node.op == VAR else pos[node.inputs[0]] if node.op == GET else pos[i]
-        intervals.append(Interval(i, nbytes(node.shape, node.dtype), start, end[i]))
+        intervals.append(Interval(i, value_bytes(node.shape, node.dtype), start, end[i]))
     return intervals
 
 
@@ -165,7 +160,7 @@ def _sethi_ullman(plan: "Plan") -> list[int]:
     for trees, where computing the hungriest input first keeps fewer finished inputs waiting; on a DAG the peaks
     are estimates (shared inputs are counted in each user)."""
     nodes = plan.nodes
-    size = [nbytes(n.shape, n.dtype) for n in nodes]
+    size = [value_bytes(n.shape, n.dtype) for n in nodes]
     need = [0] * len(nodes)  # estimated peak bytes to compute each node, its inputs computed in `first` order
 
     def first(i: int) -> list[int]:
@@ -185,10 +180,10 @@ def _greedy(plan: "Plan", donated: bool, depth_first: bool) -> list[int]:
     """Among the ready nodes, run the one that frees the most bytes net of what it allocates; Vars first."""
     nodes = plan.nodes
     pinned = _pinned(plan, donated)
-    alloc = [0 if n.op == GET else nbytes(n.shape, n.dtype) for n in nodes]
+    alloc = [0 if n.op == GET else value_bytes(n.shape, n.dtype) for n in nodes]
     for n in nodes:
         if n.op == GET:  # the call writes all its results
-            alloc[n.inputs[0]] += nbytes(n.shape, n.dtype)
+            alloc[n.inputs[0]] += value_bytes(n.shape, n.dtype)
     users: list[set[int]] = [set() for _ in nodes]
     for i, n in enumerate(nodes):
         for j in n.inputs:
