@@ -154,10 +154,11 @@ def check_egraph(
 
     `special`: inputs with special values (eqsat/tools/special.py). Zeros' signs must agree too, except in a class
     that is a sum: an exact zero sum takes its sign from where the accumulation starts, which jax.jit's own kernels
-    do not agree on (a dot of -0 products gives +0, a conv -0), and -(a + b) is -0 where (-a) + (-b) is +0. In such
-    a class, elements at the overflow threshold on both sides are not compared either: which partial sum overflows
-    (to inf, or to NaN where infinities of both signs meet) depends on the order of the terms, which a kernel's
-    blocking changes with the shapes as a rewrite does.
+    do not agree on (a dot of -0 products gives +0, a conv -0), and -(a + b) is -0 where (-a) + (-b) is +0. In a
+    class whose sum's terms reach the overflow threshold, elements either side holds as inf or NaN are not compared
+    (nor those both hold near the threshold): which partial sum overflows (to inf, or to NaN where infinities of
+    both signs meet) depends on the order of the terms, which XLA's kernels block by shape, so a merged or
+    re-laid-out operand changes it (jax.jit's own answer there is its kernel's, no rule to keep).
 
     Evaluation is eager, op by op: jax caches each op's compilation by shape, so repeated shapes across many
     programs are cheap (one jit per e-graph measured slower: thousands of nodes compile every time).
@@ -171,13 +172,14 @@ def check_egraph(
         by_class.setdefault(node.eclass, []).append(node_text(node.op, node.attrs, node.children))
     reduction = max((_reduction(node, snapshot) for node in snapshot.nodes), default=1)
     sums = {node.eclass for node in snapshot.nodes if _sums(node)}
+    overflowing = {n.eclass for n in snapshot.nodes if special and _sums(n) and _may_overflow(n, snapshot, values)}
     found = []
     for node, out in zip(checked, outs, strict=True):
         want = values[node.eclass]
         scale = _magnitude(want, out, *(values.get(c) for c in node.children))
         allowed = rule_tolerance(np.asarray(want).dtype, scale, real, reduction)
         summed = special and node.eclass in sums and jax.numpy.issubdtype(np.asarray(want).dtype, jax.numpy.floating)
-        loose = _saturated(want, out, _terms(node, snapshot, out, values)) if summed else None
+        loose = _order_decides(want, out, _terms(node, snapshot, out, values)) if node.eclass in overflowing else None
         diff = difference(want, out, allowed, special and not summed, loose)
         if diff:
             beyond = ~np.isfinite(np.asarray(want, np.float64)) & np.isfinite(np.asarray(out, np.float64))
@@ -191,14 +193,15 @@ def check_egraph(
     return found
 
 
-# Ops that sum terms, beside the contractions (OpSpec.contracted)
+# Ops that sum terms, beside the contractions (OpSpec.contracted) and the cumulative sums and products
 _SUMS = frozenset({"Add", "Sub", "ReduceSum", "PoolSum", "PoolSumSliced", "LogSumExp", "Softmax"})
+_CUMULATIVE = ("Cumulative", "CumulativeBlocked")
 
 
 def _sums(node: ENode) -> bool:
     spec = OPS.get(node.op)
-    if node.op in ("Cumulative", "CumulativeBlocked"):
-        return node.attrs[0] in ("sum", "logsumexp")
+    if node.op in _CUMULATIVE:  # a product's partial products overflow or underflow in one order, not another
+        return node.attrs[0] in ("sum", "logsumexp", "prod")
     return node.op in _SUMS or (spec is not None and spec.contracted is not None)
 
 
@@ -209,12 +212,34 @@ def _terms(node: ENode, snapshot: Snapshot, out: Any, values: dict[str, Any]) ->
     return max(_reduction(node, snapshot), -(-max(sizes, default=0) // max(np.size(out), 1)), 2)
 
 
-def _saturated(want: Any, out: Any, terms: int) -> np.ndarray:
-    """Elements both values hold as inf, NaN or a finite value that `terms` terms below the overflow threshold
-    reach: where a sum of such terms overflows in one order and not in another."""
+def _may_overflow(node: ENode, snapshot: Snapshot, values: dict[str, Any]) -> bool:
+    """Whether the node's terms reach the overflow threshold: the largest magnitude of its operands (of its two
+    operands' product, for a contraction) times how many terms it adds."""
+    operands = [values.get(c) for c in node.children]
+    if not operands or any(v is None for v in operands) or not _is_array(operands[0]):
+        return False
+    dtype = np.asarray(operands[0]).dtype
+    if not jax.numpy.issubdtype(dtype, jax.numpy.floating):
+        return False
+    spec = OPS.get(node.op)
+    size = max(np.size(v) for v in operands)
+    if spec is not None and spec.contracted is not None and len(operands) >= 2:
+        bound, terms = _magnitude(operands[0]) * _magnitude(operands[1]), _reduction(node, snapshot)
+    elif node.op in _CUMULATIVE and node.attrs[0] == "prod":  # the factors' product, in logarithms
+        n, largest = np.shape(operands[0])[node.attrs[1]], _magnitude(*operands)
+        return largest > 1 and n * float(np.log(largest)) >= float(np.log(jax.numpy.finfo(dtype).max))
+    else:
+        bound, terms = _magnitude(*operands), max(size // max(min(np.size(v) for v in operands), 1), 2)
+    return bound * max(terms, 2) >= float(jax.numpy.finfo(dtype).max)
+
+
+def _order_decides(want: Any, out: Any, terms: int) -> np.ndarray:
+    """In a class whose sum overflows midway: the elements either value holds as inf or NaN, and those both hold
+    within `terms` terms of the overflow threshold. Which partial sum overflows (to inf, or to NaN where infinities
+    of both signs meet, then whatever an epilogue such as relu makes of it) is the order's doing."""
     edge = float(jax.numpy.finfo(np.asarray(want).dtype).max) / (2 * terms)
     w, g = np.abs(np.asarray(want, np.float64)), np.abs(np.asarray(out, np.float64))
-    return (np.isnan(w) | (w >= edge)) & (np.isnan(g) | (g >= edge))
+    return ~np.isfinite(w) | ~np.isfinite(g) | ((w >= edge) & (g >= edge))
 
 
 def _out_of_range(value: Any) -> bool:
