@@ -4,11 +4,16 @@ tests marked tpu_aot compile for a v5e and are skipped where libtpu is missing."
 
 from collections.abc import Callable
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from eqsat.__main__ import main
 from eqsat.tools import tpu_check
 from eqsat.tools.examples import EXAMPLES
+from eqsat.workload import Workload
+
+tpu_check.quiet_libtpu()  # before this process's jax starts its backends, where it can: libtpu reads them once
 
 
 def needs_libtpu(test: Callable[..., None]) -> Callable[..., None]:
@@ -97,3 +102,23 @@ def test_an_unknown_topology_is_one_line(capsys):
     assert main([*argv, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("python -m eqsat tpu-check: error: no TPU topology 'v9x:1x1'") and err.count("\n") == 1
+
+
+def _xent(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    return -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[..., None], -1).mean()
+
+
+@needs_libtpu
+def test_a_memory_budget_the_plan_meets_on_the_tpu_and_the_original_misses():
+    # the loss's gradient over 62.5 MiB of logits: the original keeps the log-probabilities in a temp buffer, the
+    # plan does not (at 31 MiB the TPU compiler keeps them in neither)
+    logits = jax.random.normal(jax.random.PRNGKey(0), (4, 128, 32000))
+    labels = jnp.zeros((4, 128), jnp.int32)
+    budget = 150 * 2**20  # the logits and their gradient fit, a third copy does not
+    work = Workload("xent_grad", jax.value_and_grad(_xent), (logits, labels))
+    found = tpu_check.check(work, memory_budget=budget)
+    plan = tpu_check.plan_program(found)
+    assert plan.peak <= budget < found.original.peak
+    assert plan.temp < found.original.temp / 100
+    notes = tpu_check.findings(found)
+    assert any(note.startswith("budget 150.00 MiB: TPU peak") and "(under)" in note for note in notes), notes

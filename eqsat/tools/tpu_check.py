@@ -30,8 +30,13 @@ NEEDS_EXTRA = (
     "compiling for a TPU without one needs libtpu, the optional extra `tpu-aot`: pip install -e '.[tpu-aot]' "
     "(in its own environment: with libtpu installed, every jax process tries a TPU first)"
 )
-# libtpu reads these at its first use and warns, twice, on a host that is no TPU VM when they are unset
-_QUIET_TPU_ENV = {"TPU_ACCELERATOR_TYPE": "v5litepod-4", "TPU_WORKER_HOSTNAMES": "localhost"}
+# libtpu reads these at its first use: unset, it warns twice on a host that is no TPU VM, and a second process
+# loading it (pytest -n 2's other worker) fails on its lockfile, though deviceless compiles share no device
+_QUIET_TPU_ENV = {
+    "TPU_ACCELERATOR_TYPE": "v5litepod-4",
+    "TPU_WORKER_HOSTNAMES": "localhost",
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
+}
 
 
 class TpuCompilerMissing(EqsatError):
@@ -74,8 +79,8 @@ class Check:
 
 
 def quiet_libtpu() -> None:
-    """Tell libtpu it is on no TPU VM, before jax first starts its backends (which try a TPU where libtpu is
-    installed): otherwise it warns on stderr, twice. Settings already made are kept."""
+    """Tell libtpu it is on no TPU VM and may be loaded by several processes, before jax first starts its
+    backends (which try a TPU where libtpu is installed). Settings already made are kept."""
     for name, value in _QUIET_TPU_ENV.items():
         os.environ.setdefault(name, value)
 
@@ -269,11 +274,7 @@ def findings(found: Check) -> list[str]:
                 said.append(f"the plan has more XLA {what} than the original ({mine:.4g} > {theirs:.4g}); "
                             + _predicted_instead(found.plan, what))  # fmt: skip
         if found.budget is not None:
-            said.append(
-                f"budget {_mib(found.budget)}: XLA temp {_mib(plan.temp)} with the plan "
-                f"({'under' if plan.temp <= found.budget else 'OVER'}), {_mib(base.temp)} without "
-                f"({'under' if base.temp <= found.budget else 'over'})"
-            )
+            said.append(_budget_note(found, plan))
     if found.model is not None and not plan.error and plan.peak:
         off = found.model.planned_peak / plan.peak - 1
         if abs(off) > 0.10:
@@ -281,6 +282,22 @@ def findings(found: Check) -> list[str]:
                 f"eqsat's memory model {_mib(found.model.planned_peak)} is {off:+.0%} off the TPU buffer "
                 f"assigner's peak {_mib(plan.peak)}"
             )
+    return said
+
+
+def _budget_note(found: Check, plan: Compiled) -> str:
+    """The budget against the TPU's peak (args + out - alias + temp, what eqsat's budget counts) and temp bytes of
+    both programs, and eqsat's own check: XLA:CPU's figure of the program optimize runs, guard included."""
+    budget, base, guarded = found.budget or 0, found.original, found.planned
+    mine, theirs = ("under" if c.peak <= budget else "OVER" for c in (plan, base))
+    said = f"budget {_mib(budget)}: TPU peak {_mib(plan.peak)} with the plan ({mine}), {_mib(base.peak)} without "
+    said += f"({theirs.lower()}); TPU temp {_mib(plan.temp)} against {_mib(base.temp)}"
+    if found.guarded:
+        said += f"; the guarded program's TPU peak {_mib(guarded.peak)}"
+    cpu = found.plan.memory.xla if found.plan.memory is not None else None
+    if cpu is not None:
+        verdict = "under" if cpu["total"] <= budget else "over"
+        said += f"; eqsat's own check (XLA:CPU, guard included) {_mib(cpu['total'])} ({verdict})"
     return said
 
 
