@@ -49,9 +49,10 @@ KNOWN: dict[str, str] = {
     "few-channels-shifted": _HOLES.format("ShiftConv multiplies them always"),
     "transposed-phases": _HOLES.format("PhaseConv never meets the holes"),
     "depthwise-grad-shifted": (
-        "jax.jit's batch-grouped conv spreads a non-finite cotangent element to the same output channel of every "
-        "group (XLA expands the groups with a mask multiply); ShiftConvBG keeps it in its group. Fix "
-        "(backends/kernels.py shifted_conv_bg): add 0 x the cotangent summed over the groups of each channel"
+        "jax.jit's batch-grouped conv spreads a non-finite cotangent element as NaN to the same output channel of "
+        "every other group (XLA expands the groups with a mask multiply); ShiftConvBG keeps it in its group. Fix "
+        "(backends/kernels.py shifted_conv_bg): NaN where another group's same channel holds one (matches XLA:CPU "
+        "with 2+ channels per group; with one, XLA spreads otherwise, still to work out)"
     ),
     "one-hot-gather": _ONE_HOT.format("gathered row"),
     "one-hot-transposed-scatter": _ONE_HOT.format("scatter of the rows"),
