@@ -29,20 +29,20 @@ import jax
 from jax._src import config
 
 from eqsat import background, processes, validate
-from eqsat.budget import check_budget
 from eqsat.errors import EqsatError, EqsatWarning
 from eqsat.jit_dispatch import JitDispatch, called_eagerly, inlined, unexplained
 from eqsat.options import Options
 from eqsat.plan_cache import Handoff, PerThread, SharedPlans, per_thread, shared_plans
-from eqsat.plan_life import Entry, Event, State, Verdict
+from eqsat.plan_life import Entry, Event, State
 from eqsat.planning import Captured, Planner
 from eqsat.sharding import partitioned
 from eqsat.signature import Signature, concrete, examples, signature_of, threads_share
+from eqsat.verdicts import Verdicts
 
 log = logging.getLogger("eqsat")
 
 
-class Dispatcher:
+class Dispatcher(Verdicts):
     """One optimized function's jax.jit dispatch and the entries its traces run. The plans (entries, captures and
     saturations) are shared by every optimize() of the function with the same options, and by every thread."""
 
@@ -58,6 +58,13 @@ class Dispatcher:
 
     def clear(self) -> None:
         """Forget every plan (of this function and settings, however often wrapped) and trace."""
+        for entry in list(self.cache.values()):
+            # one being compared (its lock held) or not compared yet stays as it is: a call holding it settles it
+            if entry.validated and entry.lock.acquire(blocking=False):
+                try:
+                    entry.move(Event.CLEARED)
+                finally:
+                    entry.lock.release()
         self.plans.clear()
         self._warm = None
         self._unvalidated.clear()
@@ -114,13 +121,6 @@ class Dispatcher:
         """Whether a call owes work: a plan unvalidated (by any thread), or this thread's budget to check."""
         return bool(self.plans.unchecked or self.plans.measuring or self._unvalidated or self._unbudgeted)
 
-    def compared(self, entry: Entry, flat: list[Any]) -> None:
-        """An entry `prepare` runs (eqsat/prepare.py), compared on flat now; it times the plan itself, as it runs it
-        (with its parameters prepared)."""
-        if entry in self._unvalidated:
-            self._unvalidated.remove(entry)
-        self._validate(entry, flat, measure=False)
-
     @unexplained
     def _live_call(self, args: tuple, kwargs: dict[str, Any]) -> tuple[Any] | None:
         """Where the guard was undecided on this call's signature, the call runs one of the two programs, timed
@@ -139,7 +139,7 @@ class Dispatcher:
             return jax.tree_util.tree_unflatten(entry.out_tree, alone(*flat))
 
         plan, original = (other, dispatched) if runs is entry.original else (dispatched, other)
-        ran, out = validate.live_call(self.planner, entry, plan, original)
+        ran, out = validate.live_call(entry, plan, original, self.live_settled(entry), self.planner.name)
         if not ran:
             return None
         if not entry.undecided:
@@ -224,12 +224,7 @@ class Dispatcher:
     ) -> Any:
         if self._unbudgeted:
             entries, self._unbudgeted = self._unbudgeted, []
-            compiled = self.dispatch.run.lower(*args, **kwargs).compile()
-            refitted = check_budget(self.planner, entries, compiled, args, kwargs)
-            for entry, verdict in refitted:
-                entry.apply(verdict)
-            if refitted:
-                self.dispatch.reset()
+            self._budgeted(entries, args, kwargs)
         pending, self._unvalidated = self._unvalidated, []
         flat, signature = self.signature(args, kwargs)
         own = self.cache.get((signature, False))
@@ -391,60 +386,6 @@ class Dispatcher:
         """An unvalidated entry this thread built or traced: this thread's call settles it (or another's does)."""
         if not entry.validated and entry not in self._unvalidated:
             self._unvalidated.append(entry)
-
-    @unexplained
-    def _validate(
-        self,
-        entry: Entry,
-        flat: list[Any] | None = None,
-        got: list[Any] | None = None,
-        measure: bool = True,
-        ran: Callable[[], Any] | None = None,
-    ) -> bool:
-        """Compare with the original on these arguments (without them: examples of the signature's shapes, as
-        while tracing or before donation); fall back on mismatch. `got`: the optimized results for `flat`, where
-        the caller has them already. Then (`measure`) time the plan against the original and keep the original
-        where the plan is not faster (Limits.guard_seconds); `ran`: the call that gave `got` again, the plan as
-        the dispatch runs it (else the plan is timed through entry.call, which compiles it apart).
-
-        Returns whether the plan's results were wrong (here, or in the thread that validated it): a call that
-        ran it runs again."""
-        with entry.lock:
-            before = entry.state
-            if entry.state is State.BUILT:
-                with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
-                    flat = examples(entry.signature) if flat is None else flat
-                entry.apply(validate.compare(self.planner, entry, flat, got))
-                ran = None if entry.mismatched else ran  # what the call ran does not run any more
-                if entry.state is State.VALIDATED and partitioned(flat, entry.plan.graph):
-                    verdict = validate.keep_collectives(self.planner, entry, flat)
-                    if verdict is not None:
-                        entry.apply(verdict)
-                        self.dispatch.reset()
-            if measure and entry.state is State.VALIDATED:
-                entry.apply(self._timed(entry, flat, got, ran))
-                if entry.undecided:
-                    self.plans.measuring.add(id(entry))
-            if entry.state is not before:
-                if entry.call is entry.original and entry.traced:  # before the plan counts as validated: no
-                    self.dispatch.reset()  # call finds its trace
-                if not entry.undecided:  # an executable of its own, kept only while live calls time it
-                    entry.reference = None
-                self.plans.unchecked.discard(id(entry))
-        return entry.mismatched
-
-    def _timed(
-        self, entry: Entry, flat: list[Any] | None, got: list[Any] | None, ran: Callable[[], Any] | None
-    ) -> Verdict:
-        """The guard's verdict on a validated plan: kept where it is not timed (Limits.guard_seconds 0)."""
-        if self.options.limits.guard_seconds <= 0:
-            return Verdict((Event.KEPT,))
-        with jax.ensure_compile_time_eval():
-            flat = examples(entry.signature) if flat is None else flat
-        original, optimized = validate.compiled_original(entry), entry.call
-        plan_call = ran or (lambda: optimized(*flat))
-        warm = ran is not None or got is None  # both ran on flat: the original in the comparison, the plan there
-        return validate.timed(self.planner, entry, plan_call, lambda: original(*flat), warm)  # or in the call
 
 
 def _plan_weakly(

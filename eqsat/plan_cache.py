@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eqsat.lru import LRU
-from eqsat.plan_life import Event
 
 
 @dataclass(eq=False)
@@ -46,13 +45,7 @@ class SharedPlans:
             self.epoch += 1
 
     def clear(self) -> None:
-        for entry in list(self.entries.values()):
-            # one being compared (its lock held) or not compared yet stays as it is: a call holding it settles it
-            if entry.validated and entry.lock.acquire(blocking=False):
-                try:
-                    entry.move(Event.CLEARED)
-                finally:
-                    entry.lock.release()
+        """Forget the entries (the dispatcher moves each it may to cleared first)."""
         self.epoch += 1
         self.entries.clear()
         self.saturated.clear()

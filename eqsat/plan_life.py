@@ -14,8 +14,9 @@
 
 `built`, `validated`, `trial` and `kept` run the plan; `building`, `measuring`, `original` and `cleared` run the
 original. In `trial` and `measuring` the guard was undecided: live calls go on timing both (eqsat/guard.py). Validation,
-the guard and the memory budget return verdicts (eqsat/validate.py, eqsat/budget.py); the calls' side
-(eqsat/dispatcher.py) applies them here, so that what an entry runs changes in this module only. `stored` records
+the guard and the memory budget return verdicts (eqsat/validate.py, eqsat/budget.py), as does planning's answer to a
+refusal (eqsat/refusals.py); the calls' side (eqsat/dispatcher.py) applies them here, so that what an entry runs
+changes in this module only. `stored` records
 that the plan (or its refusal) was written to the plan store (eqsat/plan_store.py).
 """
 
@@ -92,17 +93,36 @@ TRANSITIONS: dict[tuple[State, Event], State] = {
 }
 
 
+# what a check may find out about a plan, as the plan's fields it is recorded in (Verdict.findings)
+FINDINGS = frozenset({"fallback", "measured", "blamed", "memory"})
+
+
 @dataclass(frozen=True)
 class Verdict:
-    """What a check found (eqsat/validate.py, eqsat/budget.py), for the entry's owner to apply (Entry.apply): the
-    transitions, with the plan and the program they bring."""
+    """What a check found (eqsat/validate.py, eqsat/budget.py) or what planning did after it (eqsat/refusals.py),
+    for the dispatcher to apply (Entry.apply): the transitions, with the plan and the program they bring, what was
+    found (`findings`: plan fields, FINDINGS) and whether the plan, or its refusal, is to be written to the plan
+    store (`store`: the dispatcher writes it, then records Event.STORED)."""
 
     events: tuple[Event, ...]
     plan: Plan | None = None
     runs: Callable[..., list[Any]] | None = None
+    findings: tuple[tuple[str, Any], ...] = ()
+    store: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = {name for name, _ in self.findings} - FINDINGS
+        if unknown:
+            raise ValueError(f"a verdict records {sorted(FINDINGS)}, not {sorted(unknown)}")
 
     def then(self, later: "Verdict") -> "Verdict":
-        return Verdict(self.events + later.events, later.plan or self.plan, later.runs or self.runs)
+        return Verdict(
+            self.events + later.events,
+            later.plan or self.plan,
+            later.runs or self.runs,
+            self.findings + later.findings,
+            self.store or later.store,
+        )
 
 
 class IllegalTransition(RuntimeError):
@@ -147,7 +167,10 @@ class Entry:
         return self
 
     def apply(self, verdict: Verdict) -> "Entry":
-        return self.move(*verdict.events, plan=verdict.plan, runs=verdict.runs)
+        self.move(*verdict.events, plan=verdict.plan, runs=verdict.runs)
+        for name, value in verdict.findings:
+            setattr(self.plan, name, value)
+        return self
 
     @property
     def call(self) -> Callable[..., list[Any]]:

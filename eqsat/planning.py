@@ -71,6 +71,11 @@ class Planner:
     def __init__(self, fun: Callable[..., Any], options: Options, saturated: MutableMapping) -> None:
         self.fun, self.options, self.saturated = fun, options, saturated
 
+    def narrow_source(self, signature: Signature) -> Callable[..., Any]:
+        """The function as a flat function of this signature's leaves, traced afresh (validation judges a plan
+        that computes narrow chains in float32 against it on float32 inputs)."""
+        return flat_function(self.fun, signature)[0]
+
     @functools.cached_property
     def name(self) -> str:
         """fun's name in messages, found when one is first needed: a callable's repr may be costly, or raise."""

@@ -13,7 +13,7 @@ from eqsat.backends.lower import overflow_guarded, with_parameter_only_values
 from eqsat.dispatcher import Dispatcher
 from eqsat.ir import Role
 from eqsat.jit_dispatch import inlined
-from eqsat.plan_life import Entry, Event, State
+from eqsat.plan_life import Entry
 from eqsat.signature import aval_key, concrete, merge_params
 
 
@@ -69,12 +69,7 @@ def _signature_call(
         body = overflow_guarded(body, lambda *args: original_flat(*args[:n]), len(watch))
     run = jax.jit(lambda p, r, o: body(*ordered(p, r), *o))
     leaves = [x for x, parameter in zip(flat, is_parameter, strict=True) if not parameter]
-    with entry.lock:  # timed once, by the first prepare of this signature
-        if entry.state is State.VALIDATED and options.limits.guard_seconds <= 0:
-            entry.move(Event.KEPT)
-        elif entry.state is State.VALIDATED:
-            optimized, plain = lambda: run(params_flat, leaves, once), lambda: entry.original(*flat)
-            entry.apply(validate.timed(calls.planner, entry, optimized, plain))
+    calls.timed_prepared(entry, lambda: run(params_flat, leaves, once), lambda: entry.original(*flat))
 
     def planned(_rest: tuple, leaves: list[Any]) -> Any:
         return jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, once))
@@ -104,7 +99,7 @@ def _measured_live(
             return running(rest, leaves)
         if concrete(leaves):  # not while an outer transformation traces it
             plan, original = functools.partial(planned, rest, leaves), functools.partial(unchanged, rest, leaves)
-            ran, out = validate.live_call(calls.planner, entry, plan, original)
+            ran, out = validate.live_call(entry, plan, original, calls.live_settled(entry), calls.planner.name)
             if ran:
                 return out
         return running(rest, leaves)

@@ -35,14 +35,14 @@ LAYERS: list[tuple[str, set[str]]] = [
     # the pipeline of plain values, one signature at a time; plans kept across processes are the report's JSON
     # (eqsat.extract.report), read and written here
     ("planning", {
-        "eqsat.agreement", "eqsat.autotune", "eqsat.budget", "eqsat.extract.report", "eqsat.options",
+        "eqsat.agreement", "eqsat.autotune", "eqsat.budget", "eqsat.refusals", "eqsat.extract.report", "eqsat.options",
         "eqsat.plan_cache", "eqsat.plan_life", "eqsat.plan_store", "eqsat.planning", "eqsat.repeats", "eqsat.sharding",
         "eqsat.signature", "eqsat.validate",
     }),
     # the census is a tool, beside the API so that fast.profile() can take one (imported inside the method)
     ("API", {
         "eqsat.api", "eqsat.buckets", "eqsat.census", "eqsat.census_kernels", "eqsat.dispatcher", "eqsat.jit_dispatch",
-        "eqsat.prepare",
+        "eqsat.prepare", "eqsat.verdicts",
     }),
     # eqsat/tools/: the command line, examples, fuzzing, generators, rule verification, calibration, the HTML report
     ("tools", {
@@ -126,6 +126,31 @@ def test_imports_only_go_down():
         if LAYER[target] > LAYER[module]
     ]
     assert not upward, "\n".join(upward)
+
+
+def test_checks_do_not_plan():
+    """Validation, the memory budget and the guard take a plan and values and return verdicts: they import nothing
+    that builds, saturates or extracts (planning's answers to a refusal live in eqsat.refusals)."""
+    planning = {"eqsat.planning", "eqsat.refusals", "eqsat.saturate", "eqsat.chains", "eqsat.agreement"}
+    for check in ("eqsat.validate", "eqsat.budget", "eqsat.guard"):
+        found = {t for t in GRAPH[check] if t in planning or t.startswith("eqsat.extract")}
+        assert not found, f"{check} imports {sorted(found)}"
+
+
+def test_only_the_dispatcher_moves_a_built_plan():
+    """A plan's life moves in one place once the plan is built: the dispatcher's verdicts (eqsat/verdicts.py and
+    eqsat/dispatcher.py) apply what checks and planning return; planning moves the entries it makes into their
+    first state (eqsat/planning.py, eqsat/agreement.py)."""
+    movers = {"eqsat.dispatcher", "eqsat.verdicts", "eqsat.plan_life", "eqsat.planning", "eqsat.agreement"}
+    found = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            called = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            if called and node.func.attr in ("move", "apply") and module not in movers:
+                target = ast.unparse(node.func.value)
+                if "entry" in target or target in ("fresh", "replaced", "pending"):
+                    found.append(f"{module}: {ast.unparse(node)[:80]}")
+    assert not found, "\n".join(found)
 
 
 def test_no_import_cycle():

@@ -52,21 +52,21 @@ def test_threads_get_correct_results_and_each_plan_is_built_and_validated_once(
     rules: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     builds, compares, foreign = collections.Counter(), collections.Counter(), []
-    build, compare = planning.Planner.build, validate.compare
+    build, compare = planning.Planner.build, validate.results
 
     def counted_build(self: Any, signature: Any, prepared: bool) -> Any:
         builds[signature.avals[0].shape] += 1
         return build(self, signature, prepared)
 
-    def counted_compare(planner: Any, entry: Any, flat: Any, got: Any) -> Any:
+    def counted_compare(entry: Any, flat: Any, got: Any, narrow: Any = None) -> Any:
         shape = entry.signature.avals[0].shape
         compares[shape] += 1
         if flat is None or tuple(flat[0].shape) != shape:  # every call here has concrete arguments of its own
             foreign.append(shape)
-        return compare(planner, entry, flat, got)
+        return compare(entry, flat, got, narrow)
 
     monkeypatch.setattr(planning.Planner, "build", counted_build)
-    monkeypatch.setattr(validate, "compare", counted_compare)
+    monkeypatch.setattr(validate, "results", counted_compare)
     fast = eqsat.optimize(_chain, rules=rules, limits=eqsat.Limits(blame_seconds=0, measure_seconds=0))
     sizes = list(range(40, 72, 4))
     with warnings.catch_warnings():
