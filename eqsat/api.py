@@ -123,7 +123,7 @@ class Optimized:
         args, kwargs, _ = self._padded(args, kwargs)
         flat, signature = self._calls.signature(args, kwargs)
         entry = self._calls.entry(signature)
-        entry.plan.memory = memory_report(entry.plan, entry.call, flat)
+        entry.plan.memory = memory_report(entry.plan, entry.running, flat)
         return entry.plan.memory
 
     def _padded(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any], PaddedCall | None]:

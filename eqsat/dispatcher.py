@@ -131,9 +131,9 @@ class Dispatcher(Verdicts):
         entry = self.cache.get((signature, False))
         if entry is None or id(entry) not in self.plans.measuring or self.dispatch.donates or not concrete(flat):
             return None
-        runs = entry.call
+        runs = entry.running
         dispatched = functools.partial(self.dispatch.run, *args, **kwargs)
-        alone = entry.runs if runs is entry.original else validate.compiled_original(entry)
+        alone = entry.plan_program if runs is entry.original else validate.compiled_original(entry)
 
         def other() -> Any:
             return jax.tree_util.tree_unflatten(entry.out_tree, alone(*flat))
@@ -144,7 +144,7 @@ class Dispatcher(Verdicts):
             return None
         if not entry.undecided:
             self.plans.measuring.discard(id(entry))
-            if entry.call is not runs:
+            if entry.running is not runs:
                 self.plans.land()  # every dispatch of these plans traces it again
         return (out,)
 
@@ -174,7 +174,7 @@ class Dispatcher(Verdicts):
             self._unvalidated.remove(entry)
             self._validate(entry)
         with config.explain_cache_misses(False):  # the plan's own jax.jit objects, traced inline
-            out = inlined(entry.call)(*flat)
+            out = inlined(entry.running)(*flat)
         if processes.CHECK_LOCKSTEP:
             dispatch.ran[signature] = _program(entry, flat)
         return jax.tree_util.tree_unflatten(entry.out_tree, out)
@@ -241,7 +241,7 @@ class Dispatcher(Verdicts):
         if got is not None and any(isinstance(x, jax.core.Tracer) for x in got):  # concrete arguments, called
             got = None  # inside a trace (a scan body closing over them): the results are the trace's values
         mine = [concrete(flat) and e.signature == signature for e in pending]
-        # a call's own plan is timed as the dispatch runs it: compiled already, where entry.call alone is not
+        # a call's own plan is timed as the dispatch runs it: compiled already, where entry.running alone is not
         rerun = None if results is None or self.dispatch.donates else lambda: stage(self.dispatch.run)
         if any(
             [
@@ -262,7 +262,7 @@ class Dispatcher(Verdicts):
         validation and the guard's live calls (which would run the other program on half the calls)."""
         flat, signature = self.signature(args, {})
         entry = self.entry(signature)
-        return functools.partial(entry.original, *flat), functools.partial(entry.runs or entry.original, *flat)
+        return functools.partial(entry.original, *flat), functools.partial(entry.plan_program or entry.original, *flat)
 
     _unvalidated = per_thread("unvalidated", "The plans this thread's calls built or ran and have not validated yet.")
 
@@ -323,11 +323,11 @@ class Dispatcher(Verdicts):
             with jax.ensure_compile_time_eval():
                 flat = examples(signature) if call is None else self.signature(*call)[0]
             if not partitioned(flat, entry.plan.graph):
-                run = functools.partial(entry.call, *flat)
+                run = functools.partial(entry.running, *flat)
                 with jax.core.eval_context():  # as the guard times it: one compile (compile-time eval keys apart)
                     got = jax.block_until_ready(run())
                 self._validate(entry, flat, got, ran=run)
-        if entry.call is entry.original and not entry.undecided:  # nothing to switch to: the calls' traces run
+        if entry.running is entry.original and not entry.undecided:  # nothing to switch to: the calls' traces run
             return entry  # the original already (undecided, its calls time it: they find it in the cache)
         key = (signature, prepared)
         warm = self._compiled(key, entry, call) if entry.validated and call is not None else None
@@ -413,9 +413,9 @@ def _failed(plans: "weakref.ref[SharedPlans]", job: Future) -> None:
 def _program(entry: Entry, flat: list[Any]) -> str:
     """What a trace inlines, as EQSAT_CHECK_LOCKSTEP compares it between processes: the original, or a digest of
     the plan's program."""
-    if entry.call is entry.original:
+    if entry.running is entry.original:
         return "the original"
-    program = jax.make_jaxpr(inlined(entry.call))(*[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in flat])
+    program = jax.make_jaxpr(inlined(entry.running))(*[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in flat])
     return f"plan {processes.fingerprint(str(program))}"
 
 

@@ -106,7 +106,7 @@ class Verdict:
 
     events: tuple[Event, ...]
     plan: Plan | None = None
-    runs: Callable[..., list[Any]] | None = None
+    plan_program: Callable[..., list[Any]] | None = None
     findings: tuple[tuple[str, Any], ...] = ()
     store: bool = False
 
@@ -119,7 +119,7 @@ class Verdict:
         return Verdict(
             self.events + later.events,
             later.plan or self.plan,
-            later.runs or self.runs,
+            later.plan_program or self.plan_program,
             self.findings + later.findings,
             self.store or later.store,
         )
@@ -131,14 +131,14 @@ class IllegalTransition(RuntimeError):
 
 @dataclass(eq=False)
 class Entry:
-    """One signature's plan and its life: what runs (`call`: the plan's program in the states that run it, else
+    """One signature's plan and its life: what runs (`running`: the plan's program in the states that run it, else
     the original) follows from `state`, which only `move` changes."""
 
     signature: Signature
     plan: Plan
     original: Callable[..., list[Any]]  # the original, jitted, as the reference and the fallback
     out_tree: Any
-    runs: Callable[..., list[Any]] | None = None  # flat args -> flat results: the plan's program
+    plan_program: Callable[..., list[Any]] | None = None  # flat args -> flat results
     prepared: bool = False  # extracted for `prepare`: parameter-only work priced as done once
     # the original compiled for validation in the background while the caller's jax.jit compiles the plan
     reference: Future | None = None
@@ -153,7 +153,9 @@ class Entry:
     history: list[Event] = field(default_factory=list)
     live_half: float | None = None  # undecided (trial, measuring): the seconds of the live round's first call
 
-    def move(self, *events: Event, plan: Plan | None = None, runs: Callable[..., list[Any]] | None = None) -> "Entry":
+    def move(
+        self, *events: Event, plan: Plan | None = None, plan_program: Callable[..., list[Any]] | None = None
+    ) -> "Entry":
         """The transitions `events`, in order (with the plan and program the last brings, where it brings them);
         one the life does not allow is refused."""
         for event in events:
@@ -163,19 +165,19 @@ class Entry:
             self.state = after
             self.history.append(event)
         self.plan = plan or self.plan
-        self.runs = runs or self.runs
+        self.plan_program = plan_program or self.plan_program
         return self
 
     def apply(self, verdict: Verdict) -> "Entry":
-        self.move(*verdict.events, plan=verdict.plan, runs=verdict.runs)
+        self.move(*verdict.events, plan=verdict.plan, plan_program=verdict.plan_program)
         for name, value in verdict.findings:
             setattr(self.plan, name, value)
         return self
 
     @property
-    def call(self) -> Callable[..., list[Any]]:
+    def running(self) -> Callable[..., list[Any]]:
         """What a trace of this signature runs: the plan's program, or the original."""
-        return self.runs if self.state in _RUN_PLAN and self.runs is not None else self.original
+        return self.plan_program if self.state in _RUN_PLAN and self.plan_program is not None else self.original
 
     @property
     def undecided(self) -> bool:

@@ -54,7 +54,7 @@ def _signature_call(
     def unchanged(rest_args: tuple, _leaves: list[Any]) -> Any:
         return original(*merge_params(params_argnums, params, rest_args))
 
-    if entry.call is entry.original:
+    if entry.running is entry.original:
         return unchanged
     is_parameter = [v.role is Role.PARAMETER for v in entry.plan.graph.input_variables()]
 
@@ -75,7 +75,7 @@ def _signature_call(
         return jax.tree_util.tree_unflatten(entry.out_tree, run(params_flat, leaves, once))
 
     if not entry.undecided:
-        return unchanged if entry.call is entry.original else planned
+        return unchanged if entry.running is entry.original else planned
     return _measured_live(calls, entry, planned, unchanged, settle)
 
 
@@ -93,7 +93,7 @@ def _measured_live(
 
     def measuring(rest: tuple, leaves: list[Any]) -> Any:
         settled = not entry.undecided  # read first: a settled entry's call changes no more
-        running = unchanged if entry.call is entry.original else planned
+        running = unchanged if entry.running is entry.original else planned
         if settled:
             settle(running)
             return running(rest, leaves)

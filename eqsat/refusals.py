@@ -64,10 +64,10 @@ def _planned_again(planner: Planner, entry: Entry, flat: list[Any]) -> Verdict:
         fresh = planner.build(entry.signature, entry.prepared)
     if fresh.reference is not None:  # the entry's own reference compiles the same original
         fresh.reference.cancel()
-    if fresh.call is fresh.original:
+    if fresh.running is fresh.original:
         return Verdict((Event.MISMATCHED,), fresh.plan)
     stored = (Event.STORED,) if Event.STORED in fresh.history else ()
-    replanned = Verdict((Event.REPLANNED, *stored), fresh.plan, fresh.runs)
+    replanned = Verdict((Event.REPLANNED, *stored), fresh.plan, fresh.plan_program)
     if fresh.validated:
         return replanned
     found = validate.results(fresh, flat, None, planner.narrow_source(fresh.signature))
@@ -160,4 +160,4 @@ def rematerialized(planner: Planner, entry: Entry, call_args: tuple) -> Verdict 
         entry.plan.memory, xla=report.achieved, applied=[*entry.plan.memory.applied, report.mechanism]
     )
     runs = jax.jit(lambda *flat: jax.tree_util.tree_leaves(fitted(*jax.tree_util.tree_unflatten(tree, flat))))
-    return Verdict((Event.REFITTED,), runs=runs, findings=(("memory", memory),))
+    return Verdict((Event.REFITTED,), plan_program=runs, findings=(("memory", memory),))

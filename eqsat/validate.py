@@ -44,7 +44,7 @@ def results(
         flat, got = processes.whole(flat), None if got is None else processes.whole(got)
     with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
         expected = comparable(_reference_results(entry, flat))
-        got = comparable(entry.call(*flat) if got is None else got)
+        got = comparable(entry.running(*flat) if got is None else got)
     if entry.agreement is not None:  # compiled for the whole values: the guard times the original as sharded
         entry.reference = None
     wrong = next(((k, p) for k, p in enumerate(map(differs, range(len(got)), expected, got)) if p), None)
@@ -68,7 +68,7 @@ def results(
 def collectives(entry: Entry, flat: list[Any]) -> dict[str, int]:
     """The collectives the plan, compiled for these arguments' shardings, has beyond jax.jit's program's."""
     with jax.ensure_compile_time_eval():
-        return added_collectives(entry.call, entry.original, flat)
+        return added_collectives(entry.running, entry.original, flat)
 
 
 def collectives_text(counts: dict[str, int]) -> str:

@@ -52,7 +52,7 @@ class Verdicts:
         while tracing or before donation); fall back on mismatch. `got`: the optimized results for `flat`, where
         the caller has them already. Then (`measure`) time the plan against the original and keep the original
         where the plan is not faster (Limits.guard_seconds); `ran`: the call that gave `got` again, the plan as
-        the dispatch runs it (else the plan is timed through entry.call, which compiles it apart).
+        the dispatch runs it (else the plan is timed through entry.running, which compiles it apart).
 
         Returns whether the plan's results were wrong (here, or in the thread that validated it): a call that
         ran it runs again."""
@@ -73,7 +73,7 @@ class Verdicts:
                 if entry.undecided:
                     self.plans.measuring.add(id(entry))
             if entry.state is not before:
-                if entry.call is entry.original and entry.traced:  # before the plan counts as validated: no
+                if entry.running is entry.original and entry.traced:  # before the plan counts as validated: no
                     self.dispatch.reset()  # call finds its trace
                 if not entry.undecided:  # an executable of its own, kept only while live calls time it
                     entry.reference = None
@@ -95,7 +95,7 @@ class Verdicts:
             return Verdict((Event.KEPT,))
         with jax.ensure_compile_time_eval():
             flat = examples(entry.signature) if flat is None else flat
-        original, optimized = validate.compiled_original(entry), entry.call
+        original, optimized = validate.compiled_original(entry), entry.running
         plan_call = ran or (lambda: optimized(*flat))
         warm = ran is not None or got is None  # both ran on flat: the original in the comparison, the plan there
         return self._guarded(entry, plan_call, lambda: original(*flat), warm)  # or in the call

@@ -42,11 +42,11 @@ def test_the_first_call_runs_jax_jits_program_and_a_later_call_the_validated_pla
     first = fast(X, W1, W2)
     np.testing.assert_array_equal(first, jax.jit(program)(X, W1, W2))  # the original program, exactly
     pending = _entry(fast)
-    assert pending.job is not None and pending.call is pending.original
+    assert pending.job is not None and pending.running is pending.original
     plan = fast.plan(X, W1, W2)  # waits for the job
     assert plan.rewritten_ops() and fast.cache_info()["planning"] == 0
     entry = _entry(fast)
-    assert entry.validated and entry.call is not entry.original and entry.job is None
+    assert entry.validated and entry.running is not entry.original and entry.job is None
     warm = fast._calls._warm  # the plan compiled in a dispatch of its own, on the first call's arguments
     assert warm is not None and entry.traced
     np.testing.assert_allclose(fast(X, W1, W2), first, rtol=1e-6)
@@ -82,7 +82,7 @@ def test_a_wrong_plan_found_in_the_background_warns_and_the_original_keeps_runni
             np.testing.assert_allclose(fast(a, b), expected, rtol=1e-6)
     assert any("wrong" in str(w.message) for w in caught)
     entry = _entry(fast)
-    assert entry.mismatched and entry.call is entry.original
+    assert entry.mismatched and entry.running is entry.original
 
 
 @pytest.mark.parametrize(

@@ -59,7 +59,7 @@ def test_a_plan_measured_slower_with_confidence_is_dropped_and_says_what_was_mea
     assert plan.measured["rounds"] == 7 and plan.measured["confidence"] > 0.99  # stopped once decided
     assert "slower with 99% confidence: the original runs" in plan.fallback and "faster in 0 of 7" in plan.summary()
     entry = next(iter(fast._calls.cache.values()))
-    assert entry.call is entry.original
+    assert entry.running is entry.original
     fast(*args)
     assert len(calls) == 1  # measured once per plan
     assert guard.refused_for_good(plan.measured)
@@ -72,7 +72,7 @@ def _guarded_plan(n: int) -> tuple[Any, Any]:
     fast(*args)
     plan = fast.plan(*args)
     entry = next(iter(fast._calls.cache.values()))
-    return plan, entry.call is not entry.original
+    return plan, entry.running is not entry.original
 
 
 def test_an_undecided_measurement_keeps_a_plan_predicted_clearly_faster(monkeypatch):
@@ -183,7 +183,7 @@ def test_an_undecided_plan_runs_on_and_live_calls_decide_it_faster(monkeypatch):
     fast = eqsat.optimize(_chain(), limits=GUARDED)
     args = _args(256)
     entry = _called(fast, args, 1)
-    assert entry.state is State.TRIAL and entry.call is not entry.original  # predicted clearly faster: it runs
+    assert entry.state is State.TRIAL and entry.running is not entry.original  # predicted clearly faster: it runs
     entry = _called(fast, args, 2 * 12)
     plan = fast.plan(*args)
     assert entry.state is State.KEPT and plan.measured["decision"] == "faster" and plan.fallback is None

@@ -84,7 +84,7 @@ def test_built_stored_validated_kept_then_loaded_and_cleared(store):
     np.testing.assert_allclose(fast(*args), _chain(*args), rtol=2e-3, atol=1e-4)
     assert _life(fast) == (S.KEPT, [E.PLANNED, E.STORED, E.VALIDATED, E.KEPT])
     (entry,) = _entries(fast)
-    assert entry.call is entry.runs and entry.plan.rewritten_ops()
+    assert entry.running is entry.plan_program and entry.plan.rewritten_ops()
     fast.clear_cache()
     assert entry.state is S.CLEARED and entry.history[-1] is E.CLEARED
     fast(*args)  # as a new process finds it: from the store, compared again before it counts
@@ -98,7 +98,7 @@ def test_mismatched_and_the_refusal_stored(store, recwarn):
     np.testing.assert_allclose(fast(x), jnp.tanh(x) * 2.0, rtol=1e-6)
     assert _life(fast) == (S.ORIGINAL, [E.PLANNED, E.STORED, E.MISMATCHED, E.STORED])
     (entry,) = _entries(fast)
-    assert entry.call is entry.original and entry.mismatched and "wrong-tanh" in entry.plan.fallback
+    assert entry.running is entry.original and entry.mismatched and "wrong-tanh" in entry.plan.fallback
 
 
 def test_slower_falls_back(monkeypatch):
@@ -115,7 +115,7 @@ def test_slower_falls_back(monkeypatch):
     fast(*args)
     assert _life(fast) == (S.ORIGINAL, [E.PLANNED, E.VALIDATED, E.SLOWER])
     (entry,) = _entries(fast)
-    assert entry.call is entry.original and not entry.mismatched and entry.plan.measured["decision"] == "slower"
+    assert entry.running is entry.original and not entry.mismatched and entry.plan.measured["decision"] == "slower"
 
 
 def test_trusted_unplanned_and_built_in_the_background():
