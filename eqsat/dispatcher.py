@@ -142,10 +142,8 @@ class Dispatcher(Verdicts):
         ran, out = validate.live_call(entry, plan, original, self.live_settled(entry), self.planner.name)
         if not ran:
             return None
-        if not entry.undecided:
-            self.plans.measuring.discard(id(entry))
-            if entry.running is not runs:
-                self.plans.land()  # every dispatch of these plans traces it again
+        if not entry.undecided and entry.running is not runs:
+            self.plans.land()  # every dispatch of these plans traces it again
         return (out,)
 
     def _switch_dispatch(self) -> None:
@@ -373,8 +371,8 @@ class Dispatcher(Verdicts):
         replaced = self.cache.get(key)
         if replaced is not None and replaced is not entry and replaced.state is State.BUILDING:
             replaced.move(Event.LANDED)
+        self.plans.track(entry)
         if not entry.validated:
-            self.plans.unchecked.add(id(entry))
             self.plans.builds += 1
             self.plans.epoch += 1  # after the entry counts as unchecked: a call that reads it sees the entry
         self.cache[key] = entry

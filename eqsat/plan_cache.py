@@ -11,16 +11,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eqsat.lru import LRU
+from eqsat.plan_life import Entry, State
 
 
 @dataclass(eq=False)
 class SharedPlans:
     entries: MutableMapping  # (signature, prepared) -> the entry api.Optimized runs
     saturated: MutableMapping  # signature -> capture and saturation, shared by both modes
-    # entries built and not validated yet: a call in any thread may run one (jax.jit's trace cache is shared), so
-    # while this is not empty every call settles its own signature's entry
+    # An index of the cached entries' states, kept by the entries' own moves (track): the ids of those built and
+    # not validated yet (a call in any thread may run one: jax.jit's trace cache is shared, so while this is not
+    # empty every call settles its own signature's entry), and of those whose timing was undecided (eqsat/guard.py;
+    # not prepare's, which times its own): while this is not empty, calls time them on live calls
     unchecked: set[int] = field(default_factory=set)
-    # entries whose timing was undecided (eqsat/guard.py): while this is not empty, calls time them on live calls
     measuring: set[int] = field(default_factory=set)
     builds: int = 0  # how many entries were built unvalidated: a call during which it changed settles itself
     # how many plans built in the background became ready to run (or failed): a dispatch that has seen fewer
@@ -38,6 +40,16 @@ class SharedPlans:
         with self._locks_lock:
             return self._locks.setdefault(signature, threading.RLock())
 
+    def track(self, entry: Entry) -> None:
+        """An entry put in the cache: its state indexed, and again after each of its moves."""
+        entry.observer = weakref.WeakMethod(self._index)
+        self._index(entry)
+
+    def _index(self, entry: Entry) -> None:
+        key = id(entry)
+        (self.unchecked.add if entry.state is State.BUILT else self.unchecked.discard)(key)
+        (self.measuring.add if entry.undecided and not entry.prepared else self.measuring.discard)(key)
+
     def land(self) -> None:
         """A plan built in the background is ready to run (from its job), or its job failed (its done-callback)."""
         with self._locks_lock:
@@ -45,7 +57,10 @@ class SharedPlans:
             self.epoch += 1
 
     def clear(self) -> None:
-        """Forget the entries (the dispatcher moves each it may to cleared first)."""
+        """Forget the entries (the dispatcher moves each it may to cleared first); those still held by a thread
+        move on unindexed."""
+        for entry in list(self.entries.values()):
+            entry.observer = None
         self.epoch += 1
         self.entries.clear()
         self.saturated.clear()

@@ -22,6 +22,7 @@ that the plan (or its refusal) was written to the plan store (eqsat/plan_store.p
 
 import enum
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -152,6 +153,9 @@ class Entry:
     state: State = State.NEW
     history: list[Event] = field(default_factory=list)
     live_half: float | None = None  # undecided (trial, measuring): the seconds of the live round's first call
+    # told after every move: the shared plans' index of states (eqsat/plan_cache.py), once the entry is in the
+    # cache; held weakly (the shared plans hold the entry: a cycle would wait for the garbage collector)
+    observer: "weakref.WeakMethod | None" = None
 
     def move(
         self, *events: Event, plan: Plan | None = None, plan_program: Callable[..., list[Any]] | None = None
@@ -166,6 +170,9 @@ class Entry:
             self.history.append(event)
         self.plan = plan or self.plan
         self.plan_program = plan_program or self.plan_program
+        observe = None if self.observer is None else self.observer()
+        if observe is not None:
+            observe(self)
         return self
 
     def apply(self, verdict: Verdict) -> "Entry":

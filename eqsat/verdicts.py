@@ -70,14 +70,11 @@ class Verdicts:
                         self.dispatch.reset()
             if measure and entry.state is State.VALIDATED:
                 self._apply(entry, self._timed(entry, flat, got, ran))
-                if entry.undecided:
-                    self.plans.measuring.add(id(entry))
             if entry.state is not before:
                 if entry.running is entry.original and entry.traced:  # before the plan counts as validated: no
                     self.dispatch.reset()  # call finds its trace
                 if not entry.undecided:  # an executable of its own, kept only while live calls time it
                     entry.reference = None
-                self.plans.unchecked.discard(id(entry))
         return entry.mismatched
 
     def _compared(self, entry: Entry, flat: list[Any], got: list[Any] | None) -> Verdict:

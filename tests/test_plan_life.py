@@ -140,3 +140,31 @@ def test_an_illegal_transition_names_the_state_and_event():
     with pytest.raises(IllegalTransition, match="a plan original cannot be validated"):
         entry.move(E.VALIDATED)
     assert jax.tree_util.tree_leaves(entry.history) == [E.UNPLANNED]
+
+
+def test_the_shared_index_of_states_follows_the_entries_own_moves():
+    """Issue 44 item 1: the set of unvalidated entries and of those timed on live calls are kept by the entries'
+    moves (SharedPlans.track), not by hand beside them: each matches the cached entries' states at every step."""
+    args = _args()
+    fast = eqsat.optimize(lambda *a: _chain(*a), background=False)
+    plans = fast._calls.plans
+
+    def index_matches() -> bool:
+        entries = list(plans.entries.values())
+        built = {id(e) for e in entries if e.state is S.BUILT}
+        live = {id(e) for e in entries if e.undecided and not e.prepared}
+        return plans.unchecked == built and plans.measuring == live
+
+    traced = fast.lower(*args)  # a trace builds the plan and settles it
+    assert traced is not None and index_matches()
+    (entry,) = _entries(fast)
+    fresh = Entry(entry.signature, entry.plan, entry.original, entry.out_tree, entry.plan_program)
+    fresh.move(E.PLANNED)
+    plans.track(fresh)
+    assert id(fresh) in plans.unchecked
+    fresh.move(E.VALIDATED, E.UNDECIDED)
+    assert id(fresh) not in plans.unchecked and id(fresh) in plans.measuring
+    fresh.move(E.KEPT)
+    assert id(fresh) not in plans.measuring
+    fast.clear_cache()
+    assert not plans.unchecked and not plans.measuring and index_matches()
