@@ -60,7 +60,7 @@ class Dispatcher(Verdicts):
         """Forget every plan (of this function and settings, however often wrapped) and trace."""
         for entry in list(self.cache.values()):
             # one being compared (its lock held) or not compared yet stays as it is: a call holding it settles it
-            if entry.validated and entry.lock.acquire(blocking=False):
+            if not entry.unvalidated and entry.lock.acquire(blocking=False):
                 try:
                     entry.move(Event.CLEARED)
                 finally:
@@ -230,7 +230,7 @@ class Dispatcher(Verdicts):
         # donated: then every trace validates its plan before it runs it)
         maybe_ran = raced and own is not None and own.mismatched and not self.dispatch.donates
         # not validated yet, and traced, so that a call may have run it (one built in the background may not be yet)
-        unvalidated = own is not None and not own.validated and own.traced
+        unvalidated = own is not None and own.unvalidated and own.traced
         if own is not None and own not in pending and (unvalidated or maybe_ran):
             pending.append(own)
         if not pending:
@@ -317,7 +317,7 @@ class Dispatcher(Verdicts):
         to (the call that switches only dispatches), and put in the cache; then the calls are told. A sharded
         plan is validated by that call, which also checks its collectives against jax.jit's."""
         entry = self.planner.build(signature, prepared, captured)
-        if not entry.validated:
+        if entry.unvalidated:
             with jax.ensure_compile_time_eval():
                 flat = examples(signature) if call is None else self.signature(*call)[0]
             if not partitioned(flat, entry.plan.graph):
@@ -328,7 +328,7 @@ class Dispatcher(Verdicts):
         if entry.running is entry.original and not entry.undecided:  # nothing to switch to: the calls' traces run
             return entry  # the original already (undecided, its calls time it: they find it in the cache)
         key = (signature, prepared)
-        warm = self._compiled(key, entry, call) if entry.validated and call is not None else None
+        warm = self._compiled(key, entry, call) if not entry.unvalidated and call is not None else None
         with self.plans.building(signature):
             pending = self.cache.get(key)
             if pending is None or pending.job is None:  # forgotten meanwhile (clear_cache, the LRU bound)
@@ -372,7 +372,7 @@ class Dispatcher(Verdicts):
         if replaced is not None and replaced is not entry and replaced.state is State.BUILDING:
             replaced.move(Event.LANDED)
         self.plans.track(entry)
-        if not entry.validated:
+        if entry.unvalidated:
             self.plans.builds += 1
             self.plans.epoch += 1  # after the entry counts as unchecked: a call that reads it sees the entry
         self.cache[key] = entry
@@ -382,7 +382,7 @@ class Dispatcher(Verdicts):
 
     def _owe(self, entry: Entry) -> None:
         """An unvalidated entry this thread built or traced: this thread's call settles it (or another's does)."""
-        if not entry.validated and entry not in self._unvalidated:
+        if entry.unvalidated and entry not in self._unvalidated:
             self._unvalidated.append(entry)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eqsat.lru import LRU
-from eqsat.plan_life import Entry, State
+from eqsat.plan_life import Entry
 
 
 @dataclass(eq=False)
@@ -47,7 +47,7 @@ class SharedPlans:
 
     def _index(self, entry: Entry) -> None:
         key = id(entry)
-        (self.unchecked.add if entry.state is State.BUILT else self.unchecked.discard)(key)
+        (self.unchecked.add if entry.unvalidated else self.unchecked.discard)(key)
         (self.measuring.add if entry.undecided and not entry.prepared else self.measuring.discard)(key)
 
     def land(self) -> None:

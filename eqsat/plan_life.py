@@ -192,9 +192,10 @@ class Entry:
         return self.state in (State.TRIAL, State.MEASURING)
 
     @property
-    def validated(self) -> bool:
-        """Compared with the original, or with nothing to compare: no call may run a plan that gives other results."""
-        return self.state is not State.BUILT
+    def unvalidated(self) -> bool:
+        """A plan that runs and has not been compared with the original yet (built): a call that may have run it
+        settles it."""
+        return self.state is State.BUILT
 
     @property
     def mismatched(self) -> bool:

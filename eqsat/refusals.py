@@ -68,7 +68,7 @@ def _planned_again(planner: Planner, entry: Entry, flat: list[Any]) -> Verdict:
         return Verdict((Event.MISMATCHED,), fresh.plan)
     stored = (Event.STORED,) if Event.STORED in fresh.history else ()
     replanned = Verdict((Event.REPLANNED, *stored), fresh.plan, fresh.plan_program)
-    if fresh.validated:
+    if not fresh.unvalidated:
         return replanned
     found = validate.results(fresh, flat, None, planner.narrow_source(fresh.signature))
     return replanned.then(found.verdict or mismatched(planner, fresh, flat, found))

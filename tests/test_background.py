@@ -46,7 +46,7 @@ def test_the_first_call_runs_jax_jits_program_and_a_later_call_the_validated_pla
     plan = fast.plan(X, W1, W2)  # waits for the job
     assert plan.rewritten_ops() and fast.cache_info()["planning"] == 0
     entry = _entry(fast)
-    assert entry.validated and entry.running is not entry.original and entry.job is None
+    assert not entry.unvalidated and entry.running is not entry.original and entry.job is None
     warm = fast._calls._warm  # the plan compiled in a dispatch of its own, on the first call's arguments
     assert warm is not None and entry.traced
     np.testing.assert_allclose(fast(X, W1, W2), first, rtol=1e-6)
@@ -99,7 +99,7 @@ def test_what_a_caller_keeps_is_traced_with_the_plan(caller):
     fast = eqsat.optimize(_program(), background=True)
     caller(fast)
     entry = _entry(fast)
-    assert entry.job is None and entry.plan.rewritten_ops() and entry.validated
+    assert entry.job is None and entry.plan.rewritten_ops() and not entry.unvalidated
 
 
 def test_forgetting_plans_while_one_is_built_is_harmless():
