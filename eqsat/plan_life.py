@@ -126,6 +126,17 @@ class Verdict:
         )
 
 
+def diagram() -> str:
+    """TRANSITIONS as a mermaid state diagram, one arrow per pair of states with its events (the architecture page
+    shows it; tests/test_plan_life.py checks the page against it)."""
+    arrows: dict[tuple[str, str], list[str]] = {}
+    for (before, event), after in TRANSITIONS.items():
+        source = "[*]" if before is State.NEW else before.value
+        arrows.setdefault((source, after.value), []).append(event.value)
+    lines = [f"    {a} --> {b}: {', '.join(events)}" for (a, b), events in arrows.items()]
+    return "\n".join(["stateDiagram-v2", *lines])
+
+
 class IllegalTransition(RuntimeError):
     """An entry was asked to change in a way its life does not allow: eqsat's own bug."""
 

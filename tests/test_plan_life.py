@@ -1,6 +1,8 @@
 """A plan's life (eqsat/plan_life.py): real plans driven through every transition, and no transition but the
 table's."""
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +10,7 @@ import pytest
 
 import eqsat
 from eqsat import guard
-from eqsat.plan_life import TRANSITIONS, Entry, Event, IllegalTransition, State
+from eqsat.plan_life import TRANSITIONS, Entry, Event, IllegalTransition, State, diagram
 
 E, S = Event, State
 # the life as the architecture page draws it: a change here is a change of the design
@@ -168,3 +170,10 @@ def test_the_shared_index_of_states_follows_the_entries_own_moves():
     assert id(fresh) not in plans.measuring
     fast.clear_cache()
     assert not plans.unchecked and not plans.measuring and index_matches()
+
+
+def test_the_architecture_page_draws_the_table():
+    page = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    assert f"```mermaid\n{diagram()}\n```" in page, (
+        "regenerate the diagram: python -c 'from eqsat.plan_life import diagram; print(diagram())'"
+    )
