@@ -8,7 +8,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import eqsat
 from eqsat.__main__ import main
+from eqsat.backends.memory import MemoryReport
 from eqsat.tools import tpu_check
 from eqsat.tools.examples import EXAMPLES
 from eqsat.workload import Workload
@@ -122,3 +124,19 @@ def test_a_memory_budget_the_plan_meets_on_the_tpu_and_the_original_misses():
     assert plan.temp < found.original.temp / 100
     notes = tpu_check.findings(found)
     assert any(note.startswith("budget 150.00 MiB: TPU peak") and "(under)" in note for note in notes), notes
+
+
+def test_findings_name_more_xla_work_a_missed_budget_and_the_memory_model_off():
+    # figures as the TPU compiler would give them, set beside a real plan's prediction (no libtpu needed)
+    work = EXAMPLES["distributivity"]("small")
+    plan = eqsat.optimize(work.fn, target="tpu-v5e").plan(*work.args)
+    original = tpu_check.Compiled(fusions=2, flops=1e6, bytes=1e5, temp=4096, peak=2**20)
+    planned = tpu_check.Compiled(fusions=3, flops=2e6, bytes=1e5, temp=0, peak=2**19)
+    found = tpu_check.Check("d", plan, original, planned, model=MemoryReport(2**20, 2**20, 2**20), budget=2**19)
+    notes = tpu_check.findings(found)
+    assert notes[0].startswith("the plan has more XLA flops than the original (2e+06 > 1e+06); eqsat predicted")
+    assert "budget 0.50 MiB: TPU peak 0.50 MiB with the plan (under), 1.00 MiB without (over)" in notes[1]
+    assert notes[2] == "eqsat's memory model 1.00 MiB is +100% off the TPU buffer assigner's peak 0.50 MiB"
+    failed = tpu_check.Check("d", plan, original, tpu_check.Compiled(error="XlaRuntimeError: no"))
+    assert tpu_check.findings(failed) == ["the plan does not compile for TPU"]
+    assert "FAILED: XlaRuntimeError: no" in tpu_check.side_by_side(failed)
