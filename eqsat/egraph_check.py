@@ -193,16 +193,12 @@ def check_egraph(
     return found
 
 
-# Ops that sum terms, beside the contractions (OpSpec.contracted) and the cumulative sums and products
-_SUMS = frozenset({"Add", "Sub", "ReduceSum", "PoolSum", "PoolSumSliced", "LogSumExp", "Softmax"})
-_CUMULATIVE = ("Cumulative", "CumulativeBlocked")
-
-
 def _sums(node: ENode) -> bool:
+    """The node adds terms (OpSpec.sums, or a contraction)."""
     spec = OPS.get(node.op)
-    if node.op in _CUMULATIVE:  # a product's partial products overflow or underflow in one order, not another
-        return node.attrs[0] in ("sum", "logsumexp", "prod")
-    return node.op in _SUMS or (spec is not None and spec.contracted is not None)
+    if spec is None:
+        return False
+    return (spec.sums(node.attrs) if callable(spec.sums) else spec.sums) or spec.contracted is not None
 
 
 def _terms(node: ENode, snapshot: Snapshot, out: Any, values: dict[str, Any]) -> int:
@@ -225,8 +221,8 @@ def _may_overflow(node: ENode, snapshot: Snapshot, values: dict[str, Any]) -> bo
     size = max(np.size(v) for v in operands)
     if spec is not None and spec.contracted is not None and len(operands) >= 2:
         bound, terms = _magnitude(operands[0]) * _magnitude(operands[1]), _reduction(node, snapshot)
-    elif node.op in _CUMULATIVE and node.attrs[0] == "prod":  # the factors' product, in logarithms
-        n, largest = np.shape(operands[0])[node.attrs[1]], _magnitude(*operands)
+    elif spec is not None and getattr(spec.named(node.attrs), "kind", None) == "prod":  # a cumulative product:
+        n, largest = np.shape(operands[0])[spec.named(node.attrs).axis], _magnitude(*operands)  # in logarithms
         return largest > 1 and n * float(np.log(largest)) >= float(np.log(jax.numpy.finfo(dtype).max))
     else:
         bound, terms = _magnitude(*operands), max(size // max(min(np.size(v) for v in operands), 1), 2)

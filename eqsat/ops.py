@@ -139,6 +139,9 @@ class OpSpec:
     # rank -> the axis order the lowering transposes each operand into first, where capture made that operand from
     # that order (XLA folds the two transposes in a program): the timing cache times the op on operands made in it
     operand_layouts: Callable[[int], tuple[Shape, ...]] | None = None
+    # it adds terms (besides a contraction's): the order of the additions decides which partial sum overflows, and
+    # a zero sum's sign (eqsat/egraph_check.py, special values); a callable decides by the attributes
+    sums: bool | Callable[[tuple], bool] = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_class", CostClass(self.cost_class))
@@ -220,14 +223,14 @@ def contraction_flops(op: str, in_shapes: list[Shape], out_shape: Shape) -> int:
     return 2 * prod(out_shape) * contracted(in_shapes)
 
 
-def _binary(name: str, fn: Callable[..., Any], primitive: str) -> OpSpec:
+def _binary(name: str, fn: Callable[..., Any], primitive: str, **fields: Any) -> OpSpec:
     def lower(_attrs: tuple, a: Any, b: Any) -> Any:
         # the shape rules' semantics: equal shapes or a scalar side (lax itself also broadcasts size-1 axes)
         if jnp.shape(a) != jnp.shape(b) and jnp.ndim(a) and jnp.ndim(b):
             raise TypeError(f"{name} of shapes {jnp.shape(a)} and {jnp.shape(b)}")
         return fn(a, b)
 
-    return OpSpec(name, (), 2, "elementwise", lower, "same-or-scalar", (primitive,))
+    return OpSpec(name, (), 2, "elementwise", lower, "same-or-scalar", (primitive,), **fields)
 
 
 def _unary(name: str, fn: Callable[..., Any], primitive: str | None, **fields: Any) -> OpSpec:
@@ -517,6 +520,7 @@ OPS: dict[str, OpSpec] = {
                 alternative=name.endswith("Sliced"),
                 capture_params=_pool_params if primitives else None,
                 attributes=PoolAttrs,
+                sums=name.startswith("PoolSum"),
             )
             for name, lower, primitives in (
                 ("PoolMax", partial(kernels.window_pool, "max"), ("reduce_window_max",)),
@@ -625,8 +629,8 @@ OPS: dict[str, OpSpec] = {
             view=True,
             attributes=BcastAttrs,
         ),
-        _binary(ADD, lax.add, "add"),
-        _binary("Sub", lax.sub, "sub"),
+        _binary(ADD, lax.add, "add", sums=True),
+        _binary("Sub", lax.sub, "sub", sums=True),
         _binary("Mul", lax.mul, "mul"),
         _binary("Div", lax.div, "div"),
         _binary("Max", lax.max, "max"),
@@ -720,6 +724,7 @@ OPS: dict[str, OpSpec] = {
                 "reduce-axis",
                 (primitive,),
                 capture_params=_reduce_params,
+                sums=name == REDUCE_SUM,
             )
             for name, fn, primitive in (
                 (REDUCE_SUM, lax.reduce_sum, "reduce_sum"),
@@ -734,6 +739,7 @@ OPS: dict[str, OpSpec] = {
             "elementwise",
             lambda attrs, a: kernels.softmax(attrs[0], a),
             "softmax",
+            sums=True,
         ),
         OpSpec(
             "LogSumExp",
@@ -742,6 +748,7 @@ OPS: dict[str, OpSpec] = {
             "fused_read",
             lambda attrs, a: jax.nn.logsumexp(a, axis=attrs[0]),
             "reduce-axis",
+            sums=True,
         ),
         # (Concat axis a b); an n-way concatenate is a chain of them (eqsat/capture.py)
         OpSpec(
@@ -779,6 +786,8 @@ OPS: dict[str, OpSpec] = {
                 example_attrs=partial(_cumulative_examples, blocks=(1, 2, 3) if blocked else None),
                 alternative=bool(blocked),
                 attributes=BlockedCumulativeAttrs if blocked else CumulativeAttrs,
+                # a product's partial products overflow or underflow in one order, not another
+                sums=lambda attrs: attrs[0] in ("sum", "logsumexp", "prod"),
             )
             for name, lower, blocked in (
                 (CUMULATIVE, cumulative.cumulative, 0),
