@@ -48,8 +48,8 @@ plan = settled(fast, work.args)  # undecided on the first call: live calls go on
 timed = None
 if {seconds!r}:  # what runs from now on against jax.jit, interleaved, the busy processes still beside
     import jax
-    from eqsat.measure import compare
-    timed = compare(jax.jit(work.fn), fast, work.args, seconds={seconds!r}).ratio
+    from eqsat.measure import interleaved
+    timed = interleaved(jax.jit(work.fn), fast, work.args, seconds={seconds!r}).ratio
 print(json.dumps({{"measured": plan.measured, "fallback": plan.fallback, "timed": timed}}))
 """
 

@@ -36,7 +36,7 @@ import numpy as np
 import eqsat
 from benches.models import nasnet_a
 from benches.models.keras_apps import keras_app
-from eqsat.measure import compare
+from eqsat.measure import interleaved
 from eqsat.tolerance import ulps
 from eqsat.tools.versus import against_jit, settled
 from eqsat.widening import widened
@@ -405,10 +405,11 @@ def measure(name: str, seconds: float) -> dict[str, Any]:
         for a, b in zip(jax.tree.leaves(baseline(*work.args)), jax.tree.leaves(fast(*work.args)), strict=True)
     )
     # a workload with parameters is timed as `prepare` runs it (the first calls above are plain ones)
-    timing = (
-        against_jit(work, seconds=seconds)[0] if work.params_argnums else compare(baseline, fast, work.args, seconds)
-    )
-    by_hand = None if hand is None else compare(baseline, jax.jit(hand), work.args, seconds).ratio
+    if work.params_argnums:
+        timing = against_jit(work, seconds=seconds)[0]
+    else:
+        timing = interleaved(baseline, fast, work.args, seconds)
+    by_hand = None if hand is None else interleaved(baseline, jax.jit(hand), work.args, seconds).ratio
     return {
         "case": name,
         "ratio": timing.ratio,

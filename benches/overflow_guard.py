@@ -19,7 +19,7 @@ from jax.extend import core as jcore
 
 import eqsat
 from eqsat.backends.lower import lower, overflow_guarded
-from eqsat.measure import compare
+from eqsat.measure import interleaved
 from eqsat.tools import examples
 
 CASES = ("matmul_chain", "distributivity")
@@ -48,8 +48,8 @@ def run(name: str, seconds: float) -> list[str]:
         compiled = ", ".join(f"{k} {_compile_s(f, xs) * 1e3:.0f} ms" for k, f in (("jax.jit", jitted),
                              ("unguarded plan", unguarded), ("guarded plan", checked)))  # fmt: skip
         lines += [
-            f"  {label}jax.jit / guarded plan     {compare(jitted, checked, xs, seconds)}",
-            f"  {label}unguarded / guarded plan   {compare(unguarded, checked, xs, seconds)}",
+            f"  {label}jax.jit / guarded plan     {interleaved(jitted, checked, xs, seconds)}",
+            f"  {label}unguarded / guarded plan   {interleaved(unguarded, checked, xs, seconds)}",
             f"  {label}compile: {compiled}",
         ]
     return lines

@@ -13,7 +13,7 @@ import jax
 
 import eqsat
 from benches.models.keras_apps import keras_app
-from eqsat.measure import compare
+from eqsat.measure import interleaved
 
 
 def without_pools() -> str:
@@ -30,7 +30,7 @@ def main(name: str = "NASNetMobile") -> None:
         jax.block_until_ready(fn(*work.args))
         print(label, fn.plan(*work.args).rewritten_ops(), flush=True)
     for label, base, cand in (("pools on / off", no_pools, full), ("jit / pools on", jax.jit(work.fn), full)):
-        c = compare(base, cand, work.args, 8.0)
+        c = interleaved(base, cand, work.args, 8.0)
         print(f"{label}: {c.baseline_s * 1e3:.1f} ms / {c.candidate_s * 1e3:.1f} ms = {c.ratio:.2f}x "
               f"(IQR {c.ratio_low:.2f}-{c.ratio_high:.2f})", flush=True)  # fmt: skip
 

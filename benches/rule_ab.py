@@ -13,7 +13,7 @@ from typing import Any
 import jax
 
 import eqsat
-from eqsat.measure import compare
+from eqsat.measure import interleaved
 from eqsat.rule_sources import builtin_groups, keeping, rule_names
 from eqsat.tools.versus import ready
 
@@ -47,11 +47,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{work.name}: {args.rule} ({group}) fired {plan.rules_fired.get(args.rule, 0)} times; the plan is kept: "
           f"{(plan.measured or {}).get('kept')}")  # fmt: skip
     for _ in range(args.rounds):
-        c = compare(less, full, work.args, args.seconds)
+        c = interleaved(less, full, work.args, args.seconds)
         print(f"  with {args.rule} against without: {c.ratio:.2f}x (IQR {c.ratio_low:.2f}-{c.ratio_high:.2f}, "
               f"{c.rounds} interleaved rounds; {c.candidate_s * 1e3:.3f} ms with it, {c.baseline_s * 1e3:.3f} ms "
               "without)", flush=True)  # fmt: skip
-    print(f"  against jax.jit: {compare(jax.jit(work.fn), full, work.args, args.seconds)}")
+    print(f"  against jax.jit: {interleaved(jax.jit(work.fn), full, work.args, args.seconds)}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import eqsat
-from eqsat.measure import compare
+from eqsat.measure import interleaved
 
 SEED = 0
 
@@ -59,8 +59,8 @@ def chain(n: int, seconds: float) -> dict[str, Any]:
     jax.block_until_ready(fast(*operands))
     first_s = time.perf_counter() - start
     plan = fast.plan(*operands)
-    hand = compare(jax.jit(_right_to_left), fast, tuple(operands), seconds)
-    as_written = compare(jax.jit(_left_to_right), fast, tuple(operands), seconds)
+    hand = interleaved(jax.jit(_right_to_left), fast, tuple(operands), seconds)
+    as_written = interleaved(jax.jit(_left_to_right), fast, tuple(operands), seconds)
     return {
         "case": f"chain_{n}",
         "vs_hand_ordered": str(hand),
@@ -86,7 +86,7 @@ def shared_sum(n: int, seconds: float) -> dict[str, Any]:
     fast = eqsat.optimize(f)
     plan = fast.plan(x, *weights)
     jax.block_until_ready(fast(x, *weights))
-    timing = compare(jax.jit(f), fast, (x, *weights), seconds)
+    timing = interleaved(jax.jit(f), fast, (x, *weights), seconds)
     return {
         "case": f"sum_{n}",
         "vs_jit": str(timing),
@@ -226,7 +226,7 @@ def new_shape(model: str, seconds: float) -> dict[str, Any]:
             "plan_s": round(plan_s, 2),
             "kernels_measured": int(stats.get("timing_measured", 0)),
             "kernels_transferred": int(stats.get("timing_transferred", 0)),
-            "vs_jit": str(compare(jax.jit(work.fn), fast, args, seconds)),
+            "vs_jit": str(interleaved(jax.jit(work.fn), fast, args, seconds)),
             "rewritten": plan.rewritten_ops(),
         }
         if label == "batch":

@@ -23,7 +23,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import eqsat
-from eqsat.measure import compare
+from eqsat.measure import interleaved
 from eqsat.sharding import collectives
 
 BATCH, SEQ, WIDTH, HEADS, HIDDEN, VOCAB = 8, 128, 256, 8, 1024, 8192
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             mine, theirs = (collectives(f.lower(params, x).compile().as_text()) for f in (fast, reference))
         error = float(np.max(np.abs(np.asarray(got) - np.asarray(want))))
-        timing = compare(lambda x: reference(params, x), call, (x,), seconds=args.seconds)
+        timing = interleaved(lambda x: reference(params, x), call, (x,), seconds=args.seconds)
         print(
             f"target {target}{', prepared' if prepared else ''}: output {got.sharding.spec}, collectives "
             f"{dict(mine)} (jax.jit {dict(theirs)}), max error {error:.2g}, rewritten {plan.rewritten_ops()}, "

@@ -32,7 +32,7 @@ from eqsat.extract.cost import Profile, load_profile, node_cost
 from eqsat.extract.plan import Plan
 from eqsat.extract.views import seconds_text
 from eqsat.ir import Graph, Node
-from eqsat.measure import compare
+from eqsat.measure import interleaved
 from eqsat.planning import after_compiling, compiling_done
 from eqsat.rule_sources import RuleSource
 from eqsat.tolerance import comparable, mismatch
@@ -324,7 +324,7 @@ def take(
         progress.begin("census", f"census: the original and the plan end to end ({seconds:g} s)")
         problem = mismatch(*(comparable(results) for results in first))
         census.notes.append(f"the plan's results differ from the original's: {problem}" if problem else _AGREED)
-        result = compare(*programs, (), seconds=seconds, min_rounds=_END_TO_END_ROUNDS, warm=True)
+        result = interleaved(*programs, (), seconds=seconds, min_rounds=_END_TO_END_ROUNDS, warm=True)
         census.original_s, census.plan_s, census.rounds = result.baseline_s, result.candidate_s, result.rounds
     return census
 

@@ -1,7 +1,7 @@
 """Never slower than jax.jit: a plan chosen on a predicted gain is timed against the original before it is kept.
 
 The cost model predicts; the clock decides, by evidence. After validation, the plan and the original run in
-interleaved rounds (eqsat.measure.compare) within Limits.guard_seconds, and after each round a sign test asks
+interleaved rounds (eqsat.measure.interleaved) within Limits.guard_seconds, and after each round a sign test asks
 whether the plan was faster (or slower) in more rounds than chance allows on a machine where the two are equal:
 on a shared machine one round can be off by 30 %, so a round is one vote, never a measure of the gain. A gain
 beyond that noise (CLEAR_RATIO, every round the same way) also counts by its size: a t-test on the rounds' log
@@ -27,7 +27,7 @@ from typing import Any
 
 import jax
 
-from eqsat.measure import Comparison, compare
+from eqsat.measure import Comparison, interleaved
 
 # the budget's default; tests set it to 0 (tests/conftest.py), since timing there depends on the machine's load
 DEFAULT_SECONDS = float(os.environ.get("EQSAT_GUARD_SECONDS", "0.3"))
@@ -112,7 +112,7 @@ def measure(
     before any round. `predicted`: the cost model's speed-up, which keeps an undecided plan that it calls clear.
     `across`: each round as every process measured it (eqsat/processes.py); then no live calls measure on (they
     would in one process's calls only): an undecided measurement settles on its median at once."""
-    result = compare(
+    result = interleaved(
         original,
         optimized,
         (),

@@ -68,7 +68,7 @@ def median_time(
     return statistics.median(times)
 
 
-def compare(
+def interleaved(
     baseline: Callable[..., Any],
     candidate: Callable[..., Any],
     args: tuple,

@@ -52,7 +52,7 @@ def main() -> None:
 
     import eqsat
     from eqsat import processes
-    from eqsat.measure import compare
+    from eqsat.measure import interleaved
 
     if os.environ.get("TEST_OTHER_PROGRAM"):  # what EQSAT_CHECK_LOCKSTEP must catch: another program reported
         import eqsat.dispatcher
@@ -94,7 +94,7 @@ def main() -> None:
     if args.seconds:
         # every process times the same rounds: the collectives of each call meet
         across = functools.partial(processes.slowest, "bench")
-        result = compare(reference, fast, inputs, seconds=args.seconds, min_rounds=5, across=across)
+        result = interleaved(reference, fast, inputs, seconds=args.seconds, min_rounds=5, across=across)
         report.update(jit_s=result.baseline_s, eqsat_s=result.candidate_s, ratio=result.ratio, rounds=result.rounds)
     print(json.dumps(report), flush=True)
     jax.distributed.shutdown()

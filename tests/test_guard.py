@@ -32,13 +32,13 @@ def _clock(monkeypatch: pytest.MonkeyPatch, ratios: list[float]) -> list[int]:
     the sequential test decides."""
     calls = []
 
-    def compare(baseline: Any, candidate: Any, args: tuple, seconds: float, decided: Any, **_: Any) -> Comparison:
+    def interleaved(baseline: Any, candidate: Any, args: tuple, seconds: float, decided: Any, **_: Any) -> Comparison:
         calls.append(1)
         baseline(), candidate()  # both run, as the real measurement runs them
         rounds = next((ratios[:n] for n in range(3, len(ratios)) if decided(ratios[:n])), ratios)
         return Comparison.of([1e-3] * len(rounds), [1e-3 / r for r in rounds], rounds)
 
-    monkeypatch.setattr(guard, "compare", compare)
+    monkeypatch.setattr(guard, "interleaved", interleaved)
     return calls
 
 

@@ -236,7 +236,7 @@ def _optimize(args: argparse.Namespace) -> int:
     import eqsat
     from eqsat import progress
     from eqsat.extract import report
-    from eqsat.measure import compare
+    from eqsat.measure import interleaved
     from eqsat.signature import merge_params
     from eqsat.tools import html_report
 
@@ -271,7 +271,7 @@ def _optimize(args: argparse.Namespace) -> int:
             def reference(*rest: Any) -> Any:  # jax.jit of the original, called as the prepared plan is
                 return baseline(*merge_params(params_argnums, params, rest))
 
-            timing = compare(reference, call, call_args, seconds=args.measure)
+            timing = interleaved(reference, call, call_args, seconds=args.measure)
     print(f"== {work.name}" + (f": {work.note}" if work.note else ""))
     print(plan.summary())
     if memory is not None:

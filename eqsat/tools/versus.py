@@ -7,7 +7,7 @@ import jax
 
 import eqsat
 from eqsat import guard
-from eqsat.measure import Comparison, compare
+from eqsat.measure import Comparison, interleaved
 from eqsat.workload import Workload
 
 
@@ -42,7 +42,7 @@ def against_jit(
     fast = eqsat.optimize(work.fn, target=target, params_argnums=work.params_argnums if prepared else ())
     if not prepared:
         ready(fast, work.args)
-        return compare(baseline, fast, work.args, seconds), fast
+        return interleaved(baseline, fast, work.args, seconds), fast
     params = [work.args[i] for i in work.params_argnums]
     rest = tuple(a for i, a in enumerate(work.args) if i not in work.params_argnums)
 
@@ -52,4 +52,4 @@ def against_jit(
 
     run = fast.prepare(*params)
     jax.block_until_ready(run(*rest))
-    return compare(lambda *r: baseline(*full(r)), run, rest, seconds), fast
+    return interleaved(lambda *r: baseline(*full(r)), run, rest, seconds), fast
