@@ -325,14 +325,14 @@ class BudgetReport:
 def fit_budget(
     fn: Callable[..., Any],
     args: Sequence[Any],
-    budget_bytes: int,
+    memory_budget: int,
     *,
     loss: Callable[..., Any] | None = None,
     grad: Callable[[Callable[..., Any]], Callable[..., Any]] = jax.value_and_grad,
     loss_plan: "Plan | None" = None,
     segments: Sequence[int] = (2, 4, 8, 16),
 ) -> tuple[Callable[..., Any], BudgetReport]:
-    """A jitted function computing fn whose XLA figure fits budget_bytes where one was found, and the report.
+    """A jitted function computing fn whose XLA figure fits memory_budget where one was found, and the report.
 
     Tried in order, first fit kept: XLA's memory-optimized scheduler; then, when fn is grad(loss) and `loss`
     is given, grad of the loss run as k rematerialized segments (segmented, for each k of `segments`, with
@@ -351,17 +351,17 @@ def fit_budget(
         for options, label in ((None, name), (MEMORY_OPTIMIZED, f"{name} + memory-optimized XLA scheduler")):
             figure = xla_figure(candidate, args, options)
             tried.append((label, figure["total"], candidate, figure))
-            if figure["total"] > budget_bytes:
+            if figure["total"] > memory_budget:
                 continue
             compiled = jax.jit(candidate, compiler_options=options)
             if candidate is not fn:
                 expected = expected if expected is not None else jax.tree_util.tree_leaves(jax.jit(fn)(*args))
                 if mismatch(expected, jax.tree_util.tree_leaves(compiled(*args))):
                     break  # wrong results: the next candidate
-            return compiled, BudgetReport(budget_bytes, tried[0][3], figure, label, True, [t[:2] for t in tried])
+            return compiled, BudgetReport(memory_budget, tried[0][3], figure, label, True, [t[:2] for t in tried])
     label, _, candidate, figure = min(tried, key=lambda t: t[1])
     options = MEMORY_OPTIMIZED if label.endswith("scheduler") else None
-    report = BudgetReport(budget_bytes, tried[0][3], figure, label, False, [t[:2] for t in tried])
+    report = BudgetReport(memory_budget, tried[0][3], figure, label, False, [t[:2] for t in tried])
     return jax.jit(candidate, compiler_options=options), report
 
 

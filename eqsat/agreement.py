@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def agreed(planner: "Planner", signature: Signature, prepared: bool, captured: "Captured") -> Entry:
     """The signature's entry, the same in every process; it records the topic its processes agree under, for the
     checks that combine their verdicts (eqsat/validate.py)."""
-    profile = planner.options.profile
+    profile = planner.options.target_profile
     topic = "plan/" + plan_store.program_key(captured.closed, (profile.name, prepared), portable=True)
     versions = f"eqsat {plan_store.code_version()}, jax {jax.__version__}"
     entry: Entry | None = None

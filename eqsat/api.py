@@ -10,7 +10,7 @@ import inspect
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import jax
 
@@ -19,7 +19,7 @@ from eqsat.backends.memory import BudgetReport, MemoryReport, memory_report
 from eqsat.buckets import Buckets, PaddedCall, Padding
 from eqsat.dispatcher import Dispatcher
 from eqsat.extract.plan import Plan
-from eqsat.options import Limits, Options, checked, checked_option, resolve
+from eqsat.options import OPTIONS, Limits, Options, ResolvedOptions, options_help, resolve
 from eqsat.prepare import prepare
 
 
@@ -28,10 +28,10 @@ class Optimized:
     `.clear_cache`, jax.export); `.plan(*args)` shows what runs. With buckets every method takes the call as its
     bucket pads it (eqsat/buckets.py), and a call's results are sliced back."""
 
-    def __init__(self, fun: Callable[..., Any], options: Options, buckets: Buckets | None = None) -> None:
+    def __init__(self, fun: Callable[..., Any], options: ResolvedOptions) -> None:
         self.fun, self.options = fun, options
         self._calls = Dispatcher(fun, options)
-        self._padding = None if buckets is None else Padding(fun, options, buckets)
+        self._padding = None if options.buckets is None else Padding(fun, options)
         # fun's name, doc, __wrapped__ and attributes, as jax.jit copies them, but never over our own state (fun
         # may carry a wrapped Optimized's, as jax.grad(optimize(f)) does)
         functools.update_wrapper(self, fun, updated=())
@@ -146,6 +146,57 @@ class Optimized:
         return padded.cut(run(*others, **padded.kwargs))
 
 
+# optimize's two forms, each typed: optimize(f, ...) is an Optimized, optimize(...) a decorator that makes one. The
+# keywords are Options' fields, written out for IDEs and help(); tests/test_options_once.py holds the three
+# signatures to the fields (names, defaults, annotations).
+@overload
+def optimize(
+    fun: Callable[..., Any],
+    *,
+    target: str = "cpu",
+    rules: Sequence[str | Path] | str | Path | None = None,
+    disabled_rules: Sequence[str] = (),
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Sequence[str] | None = None,
+    params_argnums: int | Sequence[int] = (),
+    validate: bool = True,
+    limits: Limits | None = None,
+    extractor: str = "auto",
+    autotune: int = 0,
+    memory_budget: int | None = None,
+    cache_size: int = 64,
+    buckets: Buckets | None = None,
+    background: bool | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Sequence[str] | None = None,
+    **jit_options: Any,
+) -> Optimized: ...
+
+
+@overload
+def optimize(
+    fun: None = None,
+    *,
+    target: str = "cpu",
+    rules: Sequence[str | Path] | str | Path | None = None,
+    disabled_rules: Sequence[str] = (),
+    static_argnums: int | Sequence[int] | None = None,
+    static_argnames: str | Sequence[str] | None = None,
+    params_argnums: int | Sequence[int] = (),
+    validate: bool = True,
+    limits: Limits | None = None,
+    extractor: str = "auto",
+    autotune: int = 0,
+    memory_budget: int | None = None,
+    cache_size: int = 64,
+    buckets: Buckets | None = None,
+    background: bool | None = None,
+    donate_argnums: int | Sequence[int] | None = None,
+    donate_argnames: str | Sequence[str] | None = None,
+    **jit_options: Any,
+) -> Callable[[Callable[..., Any]], Optimized]: ...
+
+
 def optimize(
     fun: Callable[..., Any] | None = None,
     *,
@@ -169,41 +220,22 @@ def optimize(
 ) -> Optimized | Callable[[Callable[..., Any]], Optimized]:
     """Optimize a JAX function by equality saturation; use as `optimize(f, ...)` or `@optimize(...)`.
 
-    target: a device profile ("cpu", "a100", "h100", "h200", "tpu-v5e"); the plan runs wherever JAX runs.
-    rules: extra rule files (paths) or egglog text; disabled_rules: built-in groups to switch off by name, and
-    "low-precision" to keep every bfloat16/float16 rounding the program makes.
-    params_argnums: the parameters (weights), fixed across calls (work on them alone is free; `fast.prepare`
-    does it once).
-    validate: compare each signature's first call with the original and fall back to it, warning, on a mismatch.
-    limits: `eqsat.Limits`. extractor: "greedy", "ilp" or "auto". autotune: measure this many candidate plans.
-    memory_budget: bytes, a term of the extraction cost. cache_size: how many signatures' plans are kept.
-    buckets: `eqsat.Buckets`, shapes padded to shared sizes. background: plan on a thread while jax.jit's program
-    runs (default on; EQSAT_BACKGROUND=0 switches it off). static_argnums, static_argnames, donate_argnums,
-    donate_argnames and any other jax.jit option: as in jax.jit. Each option in full: the user guide's page
-    "optimize and its options" (docs/guide/optimize.md).
+    Each option is declared once, with its type, default and doc, in `eqsat.options.Options`: listed below, and
+    in full in the user guide's page "optimize and its options" (docs/guide/optimize.md).
     """
-    buckets = checked_option(buckets, Buckets, "buckets", "eqsat.Buckets(sizes=(8, 16, 32), argnums=(1,))")
-    settings = checked(
-        target=target,
-        rules=rules,
-        disabled_rules=disabled_rules,
-        static_argnums=static_argnums,
-        static_argnames=static_argnames,
-        params_argnums=params_argnums,
-        validate=validate,
-        limits=limits,
-        extractor=extractor,
-        autotune=autotune,
-        memory_budget=memory_budget,
-        cache_size=cache_size,
-        background=background,
-        donate_argnums=donate_argnums,
-        donate_argnames=donate_argnames,
-    )
+    given = locals()  # the keywords, under the names Options' fields share with this signature
+    options = Options(**{name: given[name] for name in OPTIONS})
     if fun is None:
-        return functools.partial(optimize, **settings, buckets=buckets, **jit_options)
+        return functools.partial(_optimized, options=options)
+    return _optimized(fun, options)
+
+
+optimize.__doc__ = f"{optimize.__doc__}{options_help()}"
+
+
+def _optimized(fun: Callable[..., Any], options: Options) -> Optimized:
     _check_function(fun)
-    return Optimized(fun, resolve(fun, **settings, jit_options=jit_options), buckets)
+    return Optimized(fun, resolve(fun, options))
 
 
 def _check_function(fun: Any) -> None:
@@ -221,13 +253,14 @@ def _check_function(fun: Any) -> None:
 def fit_budget(
     fn: Callable[..., Any],
     args: Sequence[Any],
-    budget_bytes: int,
+    memory_budget: int,
     *,
     loss: Callable[..., Any] | None = None,
-    **options: Any,
+    **tried: Any,
 ) -> tuple[Callable[..., Any], BudgetReport]:
-    """A jitted function computing fn that fits budget_bytes by XLA's measure where one was found, and the report:
-    backends.memory.fit_budget, with the segments of a given loss taken from eqsat's plan of it."""
-    if loss is not None and options.get("loss_plan") is None:
-        options["loss_plan"] = optimize(loss).plan(*args)
-    return memory.fit_budget(fn, args, budget_bytes, loss=loss, **options)
+    """A jitted function computing fn that fits memory_budget by XLA's measure where one was found, and the report:
+    backends.memory.fit_budget (`tried`: its other keywords), with the segments of a given loss taken from eqsat's
+    plan of it."""
+    if loss is not None and tried.get("loss_plan") is None:
+        tried["loss_plan"] = optimize(loss).plan(*args)
+    return memory.fit_budget(fn, args, memory_budget, loss=loss, **tried)

@@ -25,7 +25,7 @@ from eqsat.errors import EqsatWarning
 from eqsat.rows import Axis, RowsMixed, row_axes
 
 if TYPE_CHECKING:
-    from eqsat.options import Options
+    from eqsat.options import ResolvedOptions
 
 _NOT_THE_CALLER = (os.path.dirname(jax.__file__), os.path.dirname(__file__))
 
@@ -83,9 +83,9 @@ class Padding:
     every method of the optimized function (call, plan, lower, trace, eval_shape, prepare, memory, profile) runs
     the padded call, and a call's results are sliced back."""
 
-    def __init__(self, fun: Any, options: "Options", buckets: Buckets) -> None:
-        self.fun, self.options, self.buckets = fun, options, buckets
-        static = set(buckets.argnums) & set(options.static_argnums)
+    def __init__(self, fun: Any, options: "ResolvedOptions") -> None:
+        self.fun, self.options, self.buckets = fun, options, options.buckets
+        static = set(self.buckets.argnums) & set(options.static_argnums)
         if static:
             raise ValueError(f"buckets name argument(s) {sorted(static)}, which static_argnums makes static")
         signature = api_util.fun_signature(fun)

@@ -472,6 +472,6 @@ def profile(
     plan = optimized.plan(*args, prepared=False)  # the plan a call runs (its guard may keep the original)
     measure_seconds = options.limits.measure_seconds if measure_seconds is None else measure_seconds
     name = getattr(optimized.fun, "__name__", "")
-    census = take(plan, options.rules, measure_seconds, programs_of(args), seconds, name)
+    census = take(plan, options.rule_sources, measure_seconds, programs_of(args), seconds, name)
     census.took_s = time.perf_counter() - start
     return census

@@ -31,7 +31,7 @@ from jax._src import config
 from eqsat import background, processes, validate
 from eqsat.errors import EqsatError, EqsatWarning
 from eqsat.jit_dispatch import JitDispatch, called_eagerly, inlined, unexplained
-from eqsat.options import Options
+from eqsat.options import ResolvedOptions
 from eqsat.plan_cache import Handoff, PerThread, SharedPlans, per_thread, shared_plans
 from eqsat.plan_life import Entry, Event, State
 from eqsat.planning import Captured, Planner
@@ -46,7 +46,7 @@ class Dispatcher(Verdicts):
     """One optimized function's jax.jit dispatch and the entries its traces run. The plans (entries, captures and
     saturations) are shared by every optimize() of the function with the same options, and by every thread."""
 
-    def __init__(self, fun: Callable[..., Any], options: Options) -> None:
+    def __init__(self, fun: Callable[..., Any], options: ResolvedOptions) -> None:
         self.fun, self.options = fun, options
         self.plans = shared_plans(fun, options.settings, options.cache_size)
         self.cache = self.plans.entries  # (signature, prepared) -> entry

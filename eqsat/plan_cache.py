@@ -102,11 +102,11 @@ _SHARED: "weakref.WeakKeyDictionary[Callable[..., Any], dict[tuple, SharedPlans]
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_plans(fun: Callable[..., Any], settings: tuple, size: int) -> SharedPlans:
-    """The plans of fun under these settings, each mapping keeping the `size` signatures used last; fresh ones
+def shared_plans(fun: Callable[..., Any], settings: tuple, cache_size: int) -> SharedPlans:
+    """The plans of fun under these settings, each mapping keeping the `cache_size` signatures used last; fresh ones
     where fun cannot be weakly referenced."""
     try:
         with _SHARED_LOCK:
-            return _SHARED.setdefault(fun, {}).setdefault(settings, SharedPlans(LRU(size), LRU(size)))
+            return _SHARED.setdefault(fun, {}).setdefault(settings, SharedPlans(LRU(cache_size), LRU(cache_size)))
     except TypeError:  # not weakly referable or not hashable
-        return SharedPlans(LRU(size), LRU(size))
+        return SharedPlans(LRU(cache_size), LRU(cache_size))

@@ -1,7 +1,7 @@
 """Planning, one signature at a time: capture -> optimize sub-program bodies -> saturate -> extract (-> auto-tune)
 -> an Entry that runs the plan, or the original where nothing pays.
 
-Plain values in and out: a function, its frozen Options and a Signature give an Entry. The wrapper
+Plain values in and out: a function, its frozen ResolvedOptions and a Signature give an Entry. The wrapper
 (eqsat/dispatcher.py) calls this outside the trace of the jax.jit that runs the plans; capture traces the function on
 abstract values, so a plan can be built under any transformation of the caller.
 """
@@ -30,7 +30,7 @@ from eqsat.extract.plan import Plan, build_plan
 from eqsat.extract.timing import attached, priced
 from eqsat.ir import Graph, Opaque
 from eqsat.ops import GET, OPAQUE
-from eqsat.options import Options
+from eqsat.options import ResolvedOptions
 from eqsat.plan_life import Entry, Event
 from eqsat.rule_sources import REAL_MARK, RuleSource, keeping, real_rules
 from eqsat.saturate import Snapshot, StopReason, saturate
@@ -66,9 +66,9 @@ class Saturated:
 
 
 class Planner:
-    """Plans one function's signatures under one Options; `saturated` (signature -> Saturated) may be shared."""
+    """Plans one function's signatures under one ResolvedOptions; `saturated` (signature -> Saturated) may be shared."""
 
-    def __init__(self, fun: Callable[..., Any], options: Options, saturated: MutableMapping) -> None:
+    def __init__(self, fun: Callable[..., Any], options: ResolvedOptions, saturated: MutableMapping) -> None:
         self.fun, self.options, self.saturated = fun, options, saturated
 
     def narrow_source(self, signature: Signature) -> Callable[..., Any]:
@@ -133,7 +133,7 @@ class Planner:
                 t1 = time.perf_counter()
                 iterations = self.options.limits.iterations
                 progress.begin("saturate", f"saturate {len(graph.nodes)} nodes", total=iterations)
-                snapshot = self.saturate(graph, list(self.options.rules))
+                snapshot = self.saturate(graph, list(self.options.rule_sources))
                 saturate_s = time.perf_counter() - t1
                 self.saturated[signature] = Saturated(flat_fun, out_tree, graph, snapshot, t1 - t0, saturate_s, closed)
             return self._plan_entry(signature, prepared, key, self.saturated[signature])
@@ -187,11 +187,14 @@ class Planner:
                 for part, piece in zip([parts.glue, *parts.blocks], pieces, strict=True)
             )
             # the original priced as the parts were: by the timing cache their measurements filled
-            return repeats.compose(graph, parts, glue, blocks, attached(options.profile))
+            return repeats.compose(graph, parts, glue, blocks, attached(options.target_profile))
+        # not the budget itself: under a memory_budget each value's bytes are priced once more (extract/plan.py)
         memory_weight = 1.0 if options.memory_budget is not None else 0.0
         limits = options.limits
         shared = agreement.measured_everywhere if processes.led() else None  # several processes measure
-        profile, timing = priced(options.profile, snapshot, limits.measure_seconds, limits.timing_transfer, shared)
+        profile, timing = priced(
+            options.target_profile, snapshot, limits.measure_seconds, limits.timing_transfer, shared
+        )
         plan = build_plan(graph, snapshot, profile, prepared, options.extractor, extract_seconds, forbid, memory_weight)
         plan.stats.update(timing)
         return plan
@@ -213,7 +216,9 @@ class Planner:
         if plan.unchanged and not any(node.parameter_only for node in plan.nodes):
             return True
         rewritten = plan.rewritten_ops() or plan.stats.get("bodies_rewritten")
-        return not rewritten and plan.predicted.seconds > plan.original.seconds * (1 - self.options.profile.min_gain)
+        return not rewritten and plan.predicted.seconds > plan.original.seconds * (
+            1 - self.options.target_profile.min_gain
+        )
 
     def runner(
         self, plan: Plan, flat_fun: Callable[..., list[Any]], closed: jcore.ClosedJaxpr
@@ -259,7 +264,7 @@ class Planner:
         real = set(plan.rules_fired) & self._real_rules
         if not real or not _overflowing_frontier(plan):
             return plan
-        rules = keeping(list(self.options.rules), lambda names: not real & set(names))
+        rules = keeping(list(self.options.rule_sources), lambda names: not real & set(names))
         plain = self.extract(graph, self.saturate(graph, rules), prepared)
         if plain.predicted.seconds > plan.predicted.seconds:
             return plan
@@ -268,7 +273,7 @@ class Planner:
 
     @functools.cached_property
     def _real_rules(self) -> frozenset[str]:
-        return real_rules(list(self.options.rules), (REAL_MARK,))
+        return real_rules(list(self.options.rule_sources), (REAL_MARK,))
 
     def original_entry(
         self, signature: Signature, call: Callable[..., Any], out_tree: Any, why: str, job: Future | None = None
@@ -276,7 +281,7 @@ class Planner:
         """An entry that runs the original, with a plan of no nodes that says why; `job`: the plan being built
         in the background meanwhile."""
         log.info("eqsat: %s; the original runs", why)
-        profile = self.options.profile.name
+        profile = self.options.target_profile.name
         plan = Plan(profile, [], [], [], Cost(), Cost(), StopReason.NOT_PLANNED, fallback=why)
         return Entry(signature, plan, call, out_tree, job=job).move(Event.PENDING if job else Event.UNPLANNED)
 
@@ -299,7 +304,7 @@ class Planner:
         """The plan kept under this key with the captured program attached, and its program (where it runs),
         where that gives the program's result types (its first call validates its values; the trace that tells
         is the one its calls find); one that does not is set aside."""
-        plan = plan_store.load(key, self.options.profile)
+        plan = plan_store.load(key, self.options.target_profile)
         if plan is None:
             return None
         call, problem = self.lowered(plan, closed, signature, flat_fun)
@@ -349,7 +354,7 @@ class Planner:
                     options.autotune,
                 )  # fmt: skip
         if key:
-            plan_store.save(key, plan, options.profile, repeats.snapshots(done.snapshot))
+            plan_store.save(key, plan, options.target_profile, repeats.snapshots(done.snapshot))
         flat_fun, out_tree, closed = done.flat_fun, done.out_tree, done.closed
         return self._entry_of(
             signature, plan, flat_fun, out_tree, closed, prepared, key, Event.PLANNED, original=original
@@ -412,13 +417,13 @@ class Planner:
             graph = capture(body)
             self._optimize_bodies(graph)
             key = self._store_key(body, ("body",)) if isinstance(body, jcore.ClosedJaxpr) else None
-            plan = plan_store.load(key, self.options.profile) if key else None
+            plan = plan_store.load(key, self.options.target_profile) if key else None
             kept = plan is not None
             if plan is None:
-                snapshot = self.saturate(graph, list(self.options.rules))
+                snapshot = self.saturate(graph, list(self.options.rule_sources))
                 plan = self.extract(graph, snapshot, prepared=False)
                 if key:
-                    plan_store.save(key, plan, self.options.profile, repeats.snapshots(snapshot))
+                    plan_store.save(key, plan, self.options.target_profile, repeats.snapshots(snapshot))
             plan.graph = graph
             if self.nothing_to_gain(plan):
                 return body

@@ -42,7 +42,7 @@ def mismatched(planner: Planner, entry: Entry, flat: list[Any], found: validate.
         return Verdict((Event.MISMATCHED,), findings=(("fallback", fallback),))
     with jax.ensure_compile_time_eval():
         blamed, exact = blame(planner, entry, flat, k, found.expected[k])
-    where = rule_sources.rule_locations(list(planner.options.rules))
+    where = rule_sources.rule_locations(list(planner.options.rule_sources))
     suspects = ", ".join(f"{name} ({where[name]})" if name in where else name for name in blamed)
     suspects = (suspects or "none found") + ("" if exact else " (narrowing stopped by its time budget)")
     fallback = f"optimized result differed from the original ({problem}); rules involved: {suspects}"
@@ -85,7 +85,7 @@ def blame(planner: Planner, entry: Entry, flat: list[Any], k: int, want: Any) ->
     saturated with the rule alone, has an e-node disagreeing with its e-class on these arguments are the
     ones named, where there are any."""
     graph, fired = entry.plan.graph, list(entry.plan.rules_fired)
-    rules = list(planner.options.rules)
+    rules = list(planner.options.rule_sources)
     deadline = time.perf_counter() + planner.options.limits.blame_seconds
     builtin = set(rule_sources.builtin_groups())
     order = {name: src.name in builtin for src in rules for name in rule_sources.rule_names(src)}

@@ -18,7 +18,7 @@ from eqsat.signature import examples
 
 if TYPE_CHECKING:
     from eqsat.jit_dispatch import JitDispatch
-    from eqsat.options import Options
+    from eqsat.options import ResolvedOptions
     from eqsat.plan_cache import SharedPlans
     from eqsat.planning import Planner
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class Verdicts:
     """Settling plans: validation, the guard and the budget asked, their verdicts applied."""
 
-    options: "Options"
+    options: "ResolvedOptions"
     planner: "Planner"
     plans: "SharedPlans"
     dispatch: "JitDispatch"
@@ -125,7 +125,7 @@ class Verdicts:
         asks to store written to the plan store, then recorded."""
         entry.apply(verdict)
         if verdict.store and entry.key:
-            plan_store.save(entry.key, entry.plan, self.options.profile)
+            plan_store.save(entry.key, entry.plan, self.options.target_profile)
             entry.move(Event.STORED)
 
     def _budgeted(self, entries: list[Entry], args: tuple, kwargs: dict[str, Any]) -> None:

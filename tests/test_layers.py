@@ -38,10 +38,11 @@ LAYERS: list[tuple[str, set[str]]] = [
         "eqsat.agreement", "eqsat.autotune", "eqsat.budget", "eqsat.refusals", "eqsat.extract.report", "eqsat.options",
         "eqsat.plan_cache", "eqsat.plan_life", "eqsat.plan_store", "eqsat.planning", "eqsat.repeats", "eqsat.sharding",
         "eqsat.signature", "eqsat.validate",
+        "eqsat.buckets",  # an option's value (eqsat.options declares it), and how a call is padded to its bucket
     }),
     # the census is a tool, beside the API so that fast.profile() can take one (imported inside the method)
     ("API", {
-        "eqsat.api", "eqsat.buckets", "eqsat.census", "eqsat.census_kernels", "eqsat.dispatcher", "eqsat.jit_dispatch",
+        "eqsat.api", "eqsat.census", "eqsat.census_kernels", "eqsat.dispatcher", "eqsat.jit_dispatch",
         "eqsat.prepare", "eqsat.verdicts",
     }),
     # eqsat/tools/: the command line, examples, fuzzing, generators, rule verification, calibration, the HTML report

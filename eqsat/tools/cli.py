@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from eqsat.errors import EqsatError
+from eqsat.options import EXTRACTORS, OPTIONS, Limits, described
 
 EPILOG = """\
 examples:
@@ -91,6 +92,39 @@ def number(kind: type[int] | type[float], least: float, *, above: bool = False) 
         return value
 
     return parse
+
+
+# How the command line parses each option of eqsat.optimize it takes; each flag's name, default and help are the
+# option's own (eqsat.options.Options), so that they cannot drift from optimize's (tests/test_options_once.py)
+_PARSED: dict[str, dict[str, Any]] = {
+    "target": {"metavar": "PROFILE"},
+    "rules": {"nargs": "+", "metavar": "FILE"},
+    "disabled_rules": {"nargs": "+", "metavar": "GROUP"},
+    "params_argnums": {"type": int, "nargs": "+", "metavar": "N"},
+    "extractor": {"choices": EXTRACTORS},
+    "memory_budget": {"type": number(int, 1), "metavar": "BYTES"},
+}
+_ALIASES = {"disabled_rules": ("--disable",)}  # the flag's name before flags were named after the options
+
+
+def add_options(group: Any, *names: str, note: str = "", **defaults: Any) -> None:
+    """Flags for these options of eqsat.optimize: `--name-with-dashes` (`--no-name` for one on by default), each
+    with the option's default (or the command's own, given in `defaults`) and its doc, then `note`, as help."""
+    for name in names:
+        doc = described(name)[3]
+        default = defaults.get(name, OPTIONS[name].default)
+        flag = "--" + name.replace("_", "-")
+        if default is True:
+            group.add_argument(f"--no-{flag[2:]}", dest=name, action="store_false", help=f"{name}=False ({doc}){note}")
+            continue
+        shown = "" if default in (None, ()) else f" (default: {default})"
+        flags = (flag, *_ALIASES.get(name, ()))
+        group.add_argument(*flags, dest=name, default=default, help=f"{doc}{shown}{note}", **_PARSED.get(name, {}))
+
+
+def optimize_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of eqsat.optimize that the command's flags set, under the names the flags share with them."""
+    return {name: getattr(args, name) for name in OPTIONS if hasattr(args, name)}
 
 
 def add_common_flags(p: argparse.ArgumentParser) -> None:
@@ -242,25 +276,16 @@ def _optimize(args: argparse.Namespace) -> int:
 
     target_profile(args.target)
     work = workload(args)
-    params_argnums = tuple(args.params_argnums or ())
+    params_argnums = tuple(args.params_argnums)
     if any(not -len(work.args) <= i < len(work.args) for i in params_argnums):
         raise UsageError(f"--params-argnums {list(params_argnums)}: {work.name} takes {len(work.args)} arguments")
     with progress.live_progress(None if args.progress else False):
-        fast = eqsat.optimize(
-            work.fn,
-            target=args.target,
-            rules=args.rules,
-            disabled_rules=args.disable or (),
-            params_argnums=params_argnums,
-            validate=not args.no_validate,
-            limits=_limits(args),
-            extractor=args.extractor,
-        )
+        fast = eqsat.optimize(work.fn, **optimize_options(args), limits=_limits(args))
         plan = fast.plan(*work.args)
         params, rest = _split(work.args, params_argnums)
         # run the plan shown (prepared when there are parameters) once: that validates it on these arguments
         call, call_args = (fast.prepare(*params), rest) if params_argnums else (fast, work.args)
-        if not args.no_validate:
+        if args.validate:
             jax.block_until_ready(call(*call_args))
         memory = fast.memory(*work.args) if args.memory else None
         timing = None
@@ -286,17 +311,9 @@ def _optimize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _limits(args: argparse.Namespace) -> Any:
-    """The saturation limits of --iterations, --nodes and --seconds, the defaults where not given."""
-    import eqsat
-
-    defaults = eqsat.Limits()
-    return eqsat.Limits(
-        # 0 means 0 (no saturation at all), not the default
-        iterations=defaults.iterations if args.iterations is None else args.iterations,
-        nodes=defaults.nodes if args.nodes is None else args.nodes,
-        seconds=defaults.seconds if args.seconds is None else args.seconds,
-    )
+def _limits(args: argparse.Namespace) -> Limits:
+    """The saturation limits of --iterations, --nodes and --seconds (each flag's default is the Limits field's)."""
+    return Limits(iterations=args.iterations, nodes=args.nodes, seconds=args.seconds)
 
 
 def write_file(path: Path, text: str) -> Path:
@@ -306,8 +323,6 @@ def write_file(path: Path, text: str) -> Path:
 
 def add_optimize_command(commands: Any) -> None:
     """Register `optimize` on the CLI's subparsers."""
-    from eqsat.extract.cost import profile_names
-
     p = commands.add_parser(
         "optimize",
         help="optimize one function or benchmark, print its plan, save it as JSON / HTML / DOT",
@@ -318,12 +333,7 @@ def add_optimize_command(commands: Any) -> None:
     )
     add_what(p, "optimize")
     how = p.add_argument_group("how to optimize")
-    how.add_argument(
-        "--target",
-        default="cpu",
-        help=f"device profile to plan for: {', '.join(profile_names())} (default: cpu). The plan runs anywhere; "
-        "the target decides which rewrites pay, e.g. GEMM merges are off on cpu",
-    )
+    add_options(how, "target", note=". The plan runs anywhere; the target decides which rewrites pay")
     _add_optimize_options(p, how)
 
 
@@ -359,41 +369,29 @@ def add_what(p: argparse.ArgumentParser, verb: str) -> None:
 
 def _add_optimize_options(p: argparse.ArgumentParser, how: Any) -> None:
     """The rest of optimize's options: how to optimize (after --target) and what to show and keep."""
+    add_options(how, "params_argnums", "rules", "disabled_rules", "extractor")
     how.add_argument(
-        "--params-argnums",
-        type=int,
-        nargs="+",
+        "--iterations",
+        type=number(int, 0),
         metavar="N",
-        help="positional arguments that are parameters (weights), fixed across calls (e.g. 0 for --bench bert): work "
-        "on them alone, such as concatenating Q/K/V weights, is priced as free, as after fast.prepare(params)",
+        default=Limits.iterations,
+        help="saturation iterations at most (default %(default)s)",
     )
     how.add_argument(
-        "--rules", nargs="+", metavar="FILE", help="extra rule files (egglog), added to the built-in groups"
+        "--nodes",
+        type=number(int, 0),
+        metavar="N",
+        default=Limits.nodes,
+        help="stop saturating at this many e-nodes (default %(default)s)",
     )
     how.add_argument(
-        "--disable",
-        nargs="+",
-        metavar="GROUP",
-        help="built-in rule groups to switch off, by file stem under rules/ (e.g. merge_gemms layout)",
+        "--seconds",
+        type=number(float, 0),
+        metavar="S",
+        default=Limits.seconds,
+        help="saturation time limit in seconds (default %(default)s)",
     )
-    how.add_argument(
-        "--extractor",
-        default="auto",
-        choices=["greedy", "ilp", "auto"],
-        help="greedy DAG, exact ILP (HiGHS) or auto: both within a time budget, the cheaper kept (default)",
-    )
-    how.add_argument(
-        "--iterations", type=number(int, 0), metavar="N", help="saturation iterations at most (default 12)"
-    )
-    how.add_argument(
-        "--nodes", type=number(int, 0), metavar="N", help="stop saturating at this many e-nodes (default 50000)"
-    )
-    how.add_argument(
-        "--seconds", type=number(float, 0), metavar="S", help="saturation time limit in seconds (default 10)"
-    )
-    how.add_argument(
-        "--no-validate", action="store_true", help="do not run the plan against the original on the example inputs"
-    )
+    add_options(how, "validate", note=": the plan is not run against the original on the example arguments")
     out = p.add_argument_group("what to show and keep")
     out.add_argument("--json", metavar="OUT.json", help="save the plan (reload with extract.report.load_plan)")
     out.add_argument("--html", metavar="OUT.html", help="self-contained report: both graphs and per-node costs")
@@ -420,7 +418,7 @@ def _tpu_check(args: argparse.Namespace) -> int:
     work = workload(args)
     device = tpu_check.tpu_device(args.topology)
     with progress.live_progress(None if args.progress else False):
-        found = tpu_check.check(work, target=args.target, device=device, memory_budget=args.memory_budget)
+        found = tpu_check.check(work, device=device, **optimize_options(args))
     print(tpu_check.side_by_side(found))
     return 1 if any(c.error for _, c in tpu_check.programs(found)) else 0
 
@@ -440,7 +438,6 @@ def add_tpu_check_command(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_what(p, "check")
-    p.add_argument("--target", default="tpu-v5e", help="device profile to plan for (default: tpu-v5e)")
+    add_options(p, "target", "memory_budget", target="tpu-v5e")
     p.add_argument("--topology", default="v5e:2x2", help="TPU topology to compile for (default: v5e:2x2)")
-    p.add_argument("--memory-budget", type=number(int, 1), metavar="BYTES", help="optimize's memory_budget")
     p.set_defaults(run=reporting("tpu-check", _tpu_check))

@@ -5,7 +5,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from eqsat.tools.cli import add_what, number, reporting, target_profile, workload, write_file
+from eqsat.tools.cli import (
+    add_options,
+    add_what,
+    number,
+    optimize_options,
+    reporting,
+    target_profile,
+    workload,
+    write_file,
+)
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -49,7 +58,7 @@ def _warm(args: argparse.Namespace) -> int:
     profile = target_profile(args.target)
     work = workload(args)
     with progress.live_progress(None if args.progress else False):
-        fast = eqsat.optimize(work.fn, target=args.target, limits=_measured_here(args.budget), validate=False)
+        fast = eqsat.optimize(work.fn, **optimize_options(args), limits=_measured_here(args.budget), validate=False)
         plan = fast.plan(*work.args)
     if profile.timing_device:  # what the command is for: an error where the cache cannot be written
         timing.cache_for(profile.timing_device).save()
@@ -76,7 +85,7 @@ def add_tune_command(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_what(p, "tune")
-    p.add_argument("--target", default="cpu", help="device profile whose timing cache to warm (default: cpu)")
+    add_options(p, "target", note="; its timing cache is warmed")
     p.add_argument("--budget", type=number(float, 0), default=60.0, help="seconds of measuring at most (default 60)")
     p.add_argument("--export", dest="export_file", metavar="FILE", help="write a device's timing cache to FILE")
     p.add_argument("--device", help="the device to export (default: this one), as the cache names it")
@@ -114,7 +123,7 @@ def _profile(args: argparse.Namespace) -> int:
     if args.own_process:
         keep_compiled()
     with progress.live_progress(None if args.progress else False):
-        fast = eqsat.optimize(work.fn, target=args.target, background=False, limits=_measured_here(args.budget))
+        fast = eqsat.optimize(work.fn, **optimize_options(args), background=False, limits=_measured_here(args.budget))
         found = fast.profile(*work.args, measure_seconds=args.budget, seconds=args.seconds)
     found.name = work.name
     census.echo(found)
@@ -139,7 +148,7 @@ def add_profile_command(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_what(p, "profile")
-    p.add_argument("--target", default="cpu", help="device profile whose roofline prices the kernels (default: cpu)")
+    add_options(p, "target", note="; its roofline prices the kernels")
     p.add_argument(
         "--budget", type=number(float, 0), default=30.0, help="seconds of measuring new kernels at most (default 30)"
     )

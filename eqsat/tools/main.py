@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any
 
 from eqsat.progress import configure_logging, live_progress
-from eqsat.tools.cli import UsageError, add_common_flags, add_optimize_command, add_tpu_check_command, number, reporting
+from eqsat.tools.cli import (
+    UsageError,
+    add_common_flags,
+    add_optimize_command,
+    add_options,
+    add_tpu_check_command,
+    number,
+    reporting,
+)
 from eqsat.tools.cli_measure import add_profile_command, add_tune_command
 
 
@@ -116,6 +124,13 @@ def fuzz(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None, own_process: bool = False) -> int:
     """`own_process`: the command runs in a process of its own (`python -m eqsat`), whose jax settings it may set."""
+    args = command_line(own_process).parse_args(argv)
+    configure_logging(args.verbose)
+    return args.run(args)
+
+
+def command_line(own_process: bool = False) -> argparse.ArgumentParser:
+    """`python -m eqsat`'s parser: every command with its flags."""
     parser = argparse.ArgumentParser(prog="python -m eqsat", description="Equality-saturation optimizer for JAX.")
     commands = parser.add_subparsers(dest="command", required=True)
     commands_added = (add_optimize_command, add_tune_command, add_profile_command, add_tpu_check_command)
@@ -126,9 +141,7 @@ def main(argv: list[str] | None = None, own_process: bool = False) -> int:
     for p in (parser, *commands.choices.values(), *rules.choices.values()):
         add_common_flags(p)
     parser.set_defaults(verbose=0, progress=True, own_process=own_process)
-    args = parser.parse_args(argv)
-    configure_logging(args.verbose)
-    return args.run(args)
+    return parser
 
 
 def _add_demo(commands: Any) -> None:
@@ -141,7 +154,7 @@ def _add_demo(commands: Any) -> None:
     )
     p.add_argument("--model", action="append", help="example to run (repeatable); default: all")
     p.add_argument("--scale", default="full", choices=["full", "small"], help="problem size")
-    p.add_argument("--target", default="cpu", help="device profile to plan for")
+    add_options(p, "target")
     p.add_argument("--seconds", type=number(float, 0, above=True), default=3.0, help="timing budget per example")
     p.set_defaults(run=reporting("demo", demo))
 
