@@ -220,8 +220,9 @@ def optimize(
 ) -> Optimized | Callable[[Callable[..., Any]], Optimized]:
     """Optimize a JAX function by equality saturation; use as `optimize(f, ...)` or `@optimize(...)`.
 
-    Each option is declared once, with its type, default and doc, in `eqsat.options.Options`: listed below, and
-    in full in the user guide's page "optimize and its options" (docs/guide/optimize.md).
+    The options, each with its type, default and one-line doc, are declared once in `eqsat.options.Options`; the
+    user guide's page "optimize and its options" (docs/guide/optimize.md) tables them, and help(eqsat.optimize)
+    lists them below.
     """
     given = locals()  # the keywords, under the names Options' fields share with this signature
     options = Options(**{name: given[name] for name in OPTIONS})
@@ -230,7 +231,7 @@ def optimize(
     return _optimized(fun, options)
 
 
-optimize.__doc__ = f"{optimize.__doc__}{options_help()}"
+optimize.__doc__ = (optimize.__doc__ or "") + options_help()  # none under python -OO
 
 
 def _optimized(fun: Callable[..., Any], options: Options) -> Optimized:

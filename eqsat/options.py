@@ -350,9 +350,11 @@ def described(name: str) -> tuple[str, str, str, str]:
 
 
 def options_help() -> str:
-    """Every option, a line each, for optimize's docstring (help(eqsat.optimize))."""
-    lines = (f"    {name}: {kind} = {default}\n        {doc}" for name, kind, default, doc in map(described, OPTIONS))
-    return "\n\nOptions (eqsat.options.Options declares them):\n\n" + "\n".join(lines) + "\n"
+    """Every option, two lines each, for optimize's docstring (help(eqsat.optimize)), indented as a docstring is."""
+    lines = (
+        f"        {name}: {kind} = {default}\n            {doc}" for name, kind, default, doc in map(described, OPTIONS)
+    )
+    return "\n    Options:\n\n" + "\n".join(lines) + "\n"
 
 
 def _checked_argnums(fun: Callable[..., Any], argnums: tuple[int, ...], option: str) -> tuple[int, ...]:
