@@ -48,6 +48,7 @@ class CostClass(StrEnum):
     ELEMENTWISE = "elementwise"  # fused by XLA: slices and concats too
     BITCAST = "bitcast"  # a row-major reshape: XLA moves no data
     GATHER = "gather"  # reads the rows it returns
+    CHECKED_GATHER = "checked_gather"  # a gather that reads its whole first operand too (a check that it is finite)
     WINDOW = "window"  # a pooling pass: reads its input once, writes its output
     REDUCTION = "reduction"  # an index-returning reduction (argmax) or a cumulative op: reads its input once
     # a fused reduction that reads its input again, past the pass its producer was priced for (logsumexp: a max,
@@ -546,7 +547,7 @@ OPS: dict[str, OpSpec] = {
             "Take",
             (),
             2,
-            "gather",
+            "checked_gather",
             kernels.take_rows,
             "take",
             alternative=True,
@@ -557,7 +558,7 @@ OPS: dict[str, OpSpec] = {
             "ScatterRows",
             ("i64",),
             2,
-            "gather",
+            "checked_gather",
             kernels.scatter_rows,
             "scatter-rows",
             alternative=True,

@@ -26,7 +26,7 @@ from eqsat.backends.lower import lower, overflow_guarded, with_original_derivati
 from eqsat.capture import capture
 from eqsat.errors import EqsatError, EqsatWarning
 from eqsat.extract.cost import Cost
-from eqsat.extract.plan import Plan, build_plan
+from eqsat.extract.plan import LHS_HOLES, Plan, build_plan
 from eqsat.extract.timing import attached, priced
 from eqsat.ir import Graph, Opaque
 from eqsat.ops import GET, OPAQUE
@@ -233,17 +233,16 @@ class Planner:
         return jax.jit(with_original_derivatives(run, flat_fun))
 
     def overflow_watch(self, plan: Plan) -> list[int]:
-        """The plan nodes an overflow guard checks (backends/lower.py overflow_guarded), the @real rules behind
-        it recorded as plan.overflow_guard: where rules marked `; @real` fired, the rewritten values the rest of
-        the program reads (Plan.rewritten_frontier), since a re-association or distributivity may overflow
-        where the original does not (a `; @rounding` rule, a sum's terms in another order, cannot: its partial
-        sums overflow only where the terms' magnitudes do, which validation leaves undetermined); and the results
-        of opaque calls whose bodies were re-planned with such rules (checked here, outside the body: a check
-        inside a shard_map body would differ between shards).
-        Which fired rules the extracted program used is not recorded, so every one that fired counts. Values of
-        integer types are not watched: they cannot overflow to inf."""
+        """The plan nodes an overflow guard checks (backends/lower.py overflow_guarded), what put each there recorded
+        as plan.overflow_guard: where rules marked `; @real` fired, the rewritten values the rest of the program
+        reads (Plan.rewritten_frontier: a re-association may overflow where the original does not; a `; @rounding`
+        rule's partial sums overflow only where its terms do); convs with lhs dilation (LHS_HOLES); the results of
+        opaque calls whose bodies were re-planned with either (checked outside the body: a check inside a
+        shard_map body would differ between shards). Every fired rule counts (which ones the extracted program
+        used is not recorded). Values of integer types cannot overflow: not watched."""
         real = sorted(set(plan.rules_fired) & self._real_rules)
         frontier = _overflowing_frontier(plan) if real else []
+        holes = [i for i in plan.lhs_dilated_convs() if i not in frontier]
         graph = plan.graph
         bodies = graph.real_bodies if graph is not None else {}
         calls = {}  # node holding one array that a call with such bodies returned -> that call's opaque index
@@ -253,9 +252,9 @@ class Planner:
             if index in bodies and (node.op == GET) == graph.opaque[index].multiple_results:
                 calls[i] = index
         watched = [i for i in calls if _may_overflow(plan.nodes[i].dtype)]
-        rules = (real if frontier else []) + [rule for i in watched for rule in bodies[calls[i]]]
+        rules = (real if frontier else []) + [LHS_HOLES] * bool(holes) + [r for i in watched for r in bodies[calls[i]]]
         plan.overflow_guard = sorted(set(rules))
-        return frontier + watched
+        return frontier + holes + watched
 
     def _unguarded_if_as_cheap(self, graph: Graph, plan: Plan, prepared: bool) -> Plan:
         """The plan, or where rules marked `; @real` fired and would put it under the overflow guard, the plan

@@ -10,7 +10,7 @@ from jax._src import config as jax_config
 from jax._src import shard_map as jax_shard_map
 from jax.sharding import AxisType, use_abstract_mesh
 
-from eqsat.backends.lower import OVERFLOW_GUARD
+from eqsat.backends.kernels import OVERFLOW_GUARD
 from eqsat.graph_walk import reachable
 from eqsat.ir import Graph, Opaque
 
@@ -21,7 +21,8 @@ _PARTITIONING = ("shard_map", "sharding_constraint")
 _COLLECTIVE = re.compile(r"%\S+ = (?:\([^)]*\)|\S+) (" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) [^\n]*\{\n(.*?)^\}", re.M | re.S)  # name, body
 _CALLED = re.compile(r"%([\w.\-]+)")
-_FLAG_REDUCE = re.compile(r"\s*%\S+ = (?:pred|f32)\[\] all-reduce(?:-start)?\(")  # the guard's check over the devices
+# a check's flag over the devices: a scalar, or several in one tuple (XLA's combiner joins the checks' all-reduces)
+_FLAG_REDUCE = re.compile(r"\s*%\S+ = (?:(?:pred|f32)\[\]|\((?:(?:pred|f32)\[\](?:, )?)+\)) all-reduce(?:-start)?\(")
 # the guard's fallback: its loop's body, or branch 0 of a cond (its false branch; the guard's derivatives)
 _FALLBACK_BRANCH = re.compile(r"(?:branch_computations=\{%|false_computation=%|\bbody=%)([\w.\-]+)")
 
@@ -42,9 +43,9 @@ def body_tracing(call: Opaque) -> contextlib.AbstractContextManager[Any]:
 
 def collectives(hlo_text: str) -> Counter[str]:
     """The collectives of a compiled program (`.lower(...).compile().as_text()`), by kind, on the path it runs:
-    an overflow guard's (backends/lower.py overflow_guarded) are not counted, neither the original program in
-    the branch that runs only where the plan overflowed nor the all-reduce of its one-flag check (what a
-    sharded guarded plan adds to jax.jit's program)."""
+    the overflow guard's (backends/lower.py overflow_guarded) and the one-hot kernels' checks are not counted,
+    neither the program in the branch that runs only where a checked value is out of range nor the all-reduce of
+    each check's flag (what a sharded guarded plan adds to jax.jit's program)."""
     bodies: dict[str, list[str]] = {}
     for block in _COMPUTATION.finditer(hlo_text):
         bodies[block.group(1)] = block.group(2).splitlines()
@@ -58,8 +59,8 @@ def collectives(hlo_text: str) -> Counter[str]:
     ]
     skipped = reachable(fallbacks, lambda name: [c for c in _CALLED.findall("\n".join(bodies[name])) if c in bodies])
     lines = [line for name, body in bodies.items() if name not in skipped for line in body]
-    flag = [line for line in lines if OVERFLOW_GUARD in line and _FLAG_REDUCE.match(line)][:1]
-    return Counter(m.group(1) for line in lines if line not in flag for m in _COLLECTIVE.finditer(line))
+    flags = [line for line in lines if OVERFLOW_GUARD in line and _FLAG_REDUCE.match(line)]
+    return Counter(m.group(1) for line in lines if line not in flags for m in _COLLECTIVE.finditer(line))
 
 
 def partitioned(flat: list[Any], graph: Graph | None) -> bool:

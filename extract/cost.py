@@ -266,9 +266,12 @@ def _contraction(node: _Node, profile: Profile) -> Cost:
     return Cost(seconds + overhead, flops, moved, 1)
 
 
-def _gather(node: _Node, profile: Profile) -> Cost:
-    """Reads the rows it returns and the indices, writes them: the table stays put; or measured."""
+def _gather(node: _Node, profile: Profile, checked: bool = False) -> Cost:
+    """Reads the rows it returns and the indices, writes them: the table stays put (`checked`: read once too, for
+    the check that it is finite); or measured."""
     moved = 2 * node.out_bytes + (value_bytes(node.in_shapes[-1], node.dtype) if node.in_shapes else 0)
+    if checked and node.in_shapes and node.in_shapes[0] is not None:
+        moved += value_bytes(node.in_shapes[0], node.dtype)
     return _pass_or_measured(node, profile, moved, 0.0)
 
 
@@ -305,6 +308,7 @@ PRICES: dict[CostClass, Callable[[_Node, Profile], Cost]] = {
     CostClass.FUSED_READ: _fused_read,
     CostClass.CONTRACTION: _contraction,
     CostClass.GATHER: _gather,
+    CostClass.CHECKED_GATHER: functools.partial(_gather, checked=True),
     CostClass.WINDOW: _window,
     CostClass.REDUCTION: _reduction,
     CostClass.OPAQUE: _one_pass,

@@ -223,7 +223,8 @@ def extract(
 ) -> tuple[dict[str, int], ExtractionReport]:
     """The chosen node per e-class reachable from the roots, and a report: the method whose choice it is, each
     method's DAG cost and time, and whether the ILP proved its choice optimal. "auto" runs greedy and then the ILP,
-    warm-started with greedy's choice and bounded by extract_seconds, and keeps the cheaper. A baseline choice
+    warm-started with greedy's choice (the baseline's, for "ilp") and bounded by extract_seconds, and keeps the
+    cheaper. A baseline choice
     (the original program) is kept when no extractor beats it: greedy can do worse than the program it started
     from, since it judges each e-class alone."""
     if method not in METHODS:
@@ -246,7 +247,9 @@ def extract(
         from eqsat.extract.ilp import ilp_extract  # only here: it imports scipy (0.5 s)
 
         start = time.perf_counter()
-        ilp_choice, ilp_cost, report.optimal = ilp_extract(nodes, costs, roots, extract_seconds, warm_start=choice)
+        # "ilp" alone starts from the original program: out of time, it keeps that rather than failing the plan
+        warm = choice if choice is not None else baseline
+        ilp_choice, ilp_cost, report.optimal = ilp_extract(nodes, costs, roots, extract_seconds, warm_start=warm)
         report.ilp_s = time.perf_counter() - start
         report.ilp_cost = ilp_cost
         if choice is None or ilp_cost < report.shared_cost:

@@ -15,7 +15,7 @@ from eqsat.extract.views import original_graph
 from eqsat.extract.widen import GROUP as WIDEN_GROUP
 from eqsat.extract.widen import removed_roundings, widen
 from eqsat.ir import Graph, Node, Shape, Where
-from eqsat.ops import OPAQUE, OPS, TCONS, TNIL, VAR, CostClass, infer
+from eqsat.ops import CONV, OPAQUE, OPS, TCONS, TNIL, VAR, ConvAttrs, CostClass, infer
 from eqsat.saturate import ENode, Snapshot, StopReason
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 # inputs, projections and list cells: carry no cost and need no shape check
 _LISTED = 4  # removed roundings the summary names
+LHS_HOLES = "lhs-dilated conv"  # what plan.overflow_guard lists for the convs of lhs_dilated_convs
 _STRUCTURAL = frozenset(name for name, spec in OPS.items() if spec.cost_class is CostClass.SOURCE)
 
 
@@ -118,6 +119,12 @@ class Plan:
         read = set(self.outputs)
         read.update(j for node in self.nodes if not node.rewritten for j in node.inputs)
         return [i for i in sorted(read) if self.nodes[i].rewritten]
+
+    def lhs_dilated_convs(self) -> list[int]:
+        """The convs with lhs dilation (transposed convs, strided convs' input gradients): whether XLA:CPU multiplies
+        their holes by the weights (NaN where one is inf) depends on the emitter the program around them leads it to
+        (fuzz seed 2042 cases 1358, 1611), so the overflow guard watches them (LHS_HOLES)."""
+        return [i for i, n in enumerate(self.nodes) if n.op == CONV and max(ConvAttrs(*n.attrs).lhs_dilation) > 1]
 
     def rules_involved(self) -> list[str]:
         """The rules a mismatch depends on, where validation found one (re-planning with subsets of the fired

@@ -44,8 +44,9 @@ from eqsat.saturate import Snapshot
 
 # 2: kernels too fast to measure listed in "too_fast" (1 wrote them as null timings); 3: an op with operand layouts
 # timed on operands made in them (2 timed ShiftConvBG with its transposes unfolded, 2-4x slow); 4: a large kernel
-# timed warm, in back-to-back calls (3 timed its first calls one at a time: up to 2x slow)
-FORMAT = 4
+# timed warm, in back-to-back calls (3 timed its first calls one at a time: up to 2x slow); 5: Take and ScatterRows
+# read their operand once more, to check that it is finite (4 timed them without that pass)
+FORMAT = 5
 Shape = tuple[int, ...]
 log = logging.getLogger("eqsat")
 
@@ -60,11 +61,13 @@ def versions() -> str:
     return f"jax {jax.__version__}, jaxlib {jaxlib.__version__}"
 
 
+_MEASURED = {CostClass.CONTRACTION, CostClass.GATHER, CostClass.CHECKED_GATHER, CostClass.WINDOW, CostClass.REDUCTION}
+
+
 def measurable(op: str) -> bool:
     """Contraction-, gather-, window- and reduction-class ops (GEMMs, convs, pools, argmax and their alternatives):
     the kernels whose speed the roofline misses."""
-    measured = (CostClass.CONTRACTION, CostClass.GATHER, CostClass.WINDOW, CostClass.REDUCTION)
-    return op in OPS and OPS[op].cost_class in measured
+    return op in OPS and OPS[op].cost_class in _MEASURED
 
 
 @dataclass

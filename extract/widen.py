@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from eqsat.extract.cost import NARROW_FLOATS, Profile, rounding_seconds
-from eqsat.ops import OPS, CostClass
+from eqsat.ops import ONE_HOT, OPS, CostClass
 
 if TYPE_CHECKING:
     from eqsat.extract.plan import PlanNode
@@ -72,8 +72,12 @@ def _widenable(nodes: list["PlanNode"], node: "PlanNode", narrow: list[bool]) ->
     its inputs' dtype, so that it computes in float32 on float32 inputs), or a Convert between a narrow float type
     and float32 (in float32 it is the identity: a conversion up reads the unrounded value). A conversion down of a
     value computed from no narrow value at all is the program's own quantization (`x.astype(bfloat16)` of a float32
-    input), which stays: `narrow`, per node, whether it is computed from a narrow value."""
+    input), which stays: `narrow`, per node, whether it is computed from a narrow value. A product with a one-hot
+    stays narrow: XLA turns x * one_hot into a select in float16 (no NaN from 0 x inf beside the label), not once a
+    conversion to float32 stands between them (fuzz seed 2042 case 2875)."""
     if node.parameter_only or node.op not in OPS or OPS[node.op].structural or not node.inputs:
+        return False
+    if any(nodes[j].op == ONE_HOT for j in node.inputs):
         return False
     floats = (*NARROW_FLOATS, WIDE)
     if not all(nodes[j].dtype in floats for j in node.inputs):

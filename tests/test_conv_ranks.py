@@ -14,6 +14,7 @@ from jax import lax
 import eqsat
 from eqsat.capture import capture
 from eqsat.egraph_check import evaluate
+from eqsat.extract.plan import LHS_HOLES
 from eqsat.ops import OPS, ConvAttrs, infer
 from eqsat.rule_sources import collect
 from eqsat.saturate import Saturation, saturate
@@ -21,6 +22,9 @@ from eqsat.saturate import Saturation, saturate
 RNG = np.random.default_rng(26)
 LAYOUTS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}
 CONVS = ("Conv", "ShiftConv", "PatchConv", "ShiftConvBG", "PhaseConv", "DotConv", "PointwiseDot")
+
+# the watched conv forms: where an inf or NaN weight or cotangent meets them otherwise than XLA's conv (issue 42)
+FENCED = {"few-channels-shifted", "depthwise-grad-shifted", "transposed-phases", LHS_HOLES}
 
 
 def normal(*shape: int) -> jax.Array:
@@ -124,7 +128,7 @@ def test_value_and_grad_of_1d_and_3d_depthwise_nets_get_the_shifted_kernels(deci
     # gradients shifted: no XLA conv left
     assert kernels in (["ShiftConv"] * 4 + ["ShiftConvBG"] * 2, ["PhaseConv"] + ["ShiftConv"] * 3 + ["ShiftConvBG"] * 2)
     assert "PoolSumSliced" in {n.op for n in plan.nodes}
-    assert not plan.overflow_guard  # each alternative sums the same terms in another order (`; @rounding`)
+    assert set(plan.overflow_guard) <= FENCED  # only the forms that meet an inf weight otherwise than XLA's conv
 
 
 @pytest.mark.parametrize(
@@ -192,7 +196,7 @@ def test_the_weight_gradients_of_1x1_convs_of_every_rank_are_one_matrix_product(
 
     plan = _planned_with_alternatives_winning(jax.grad(loss, argnums=(0, 1, 2)), (w1, w3, w2), decide_timings)
     assert plan.rules_fired["whole-window-dot"] == 2 and sum(n.op == "DotConv" for n in plan.nodes) == 2
-    assert not plan.overflow_guard  # `; @rounding`: the same terms summed in another order
+    assert set(plan.overflow_guard) <= FENCED  # only the forms that meet an inf weight otherwise than XLA's conv
 
 
 def test_1x1_convs_of_every_rank_are_one_matrix_product_over_the_channels(decide_timings):
@@ -206,7 +210,7 @@ def test_1x1_convs_of_every_rank_are_one_matrix_product_over_the_channels(decide
     plan = _planned_with_alternatives_winning(layers, (x1, x3, x2), decide_timings)
     assert plan.rules_fired["pointwise-conv-dot"] == 2
     assert sorted(n.op for n in plan.nodes if n.op in CONVS) == ["Conv", "PointwiseDot", "PointwiseDot"]
-    assert not plan.overflow_guard  # `; @rounding`: the same terms summed in another order
+    assert set(plan.overflow_guard) <= FENCED  # only the forms that meet an inf weight otherwise than XLA's conv
 
 
 def _pointwise_operands() -> tuple:

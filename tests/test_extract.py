@@ -4,6 +4,7 @@ import itertools
 import math
 import random
 import time
+import unittest.mock
 
 import pytest
 from hypothesis import given, settings
@@ -114,6 +115,21 @@ def test_ilp_falls_back_to_the_warm_start_when_out_of_time() -> None:
     assert cost in (6.5, 7.0)  # the optimum if presolve alone finds it, else greedy's choice
     assert cost == 6.5 or not proven
     assert dag_cost(nodes, costs, choice, roots) == cost
+
+
+def test_ilp_alone_out_of_time_keeps_the_baseline() -> None:
+    """Found by the fuzzer under load (seed 2042, case 1038): extractor="ilp" out of its time failed the plan."""
+    nodes, costs, roots = sharing_trap()
+    baseline = greedy_dag(nodes, costs)  # a valid choice standing in for the original program
+    with unittest.mock.patch("eqsat.extract.ilp.milp", side_effect=lambda *a, **k: _Unsolved()):
+        choice, report = extract(nodes, costs, roots, method="ilp", extract_seconds=0.0, baseline=baseline)
+    assert dag_cost(nodes, costs, choice, roots) == 7.0 and not report.optimal
+
+
+class _Unsolved:
+    """What scipy's milp returns when its time ends with no solution."""
+
+    x, status, message = None, 1, "Time limit reached"
 
 
 def layered(num_nodes: int, width: int = 40, seed: int = 0) -> tuple[list[ENode], list[float]]:

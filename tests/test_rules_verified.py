@@ -47,7 +47,7 @@ def test_rules_that_only_sum_in_another_order_are_tolerated_and_not_guarded():
     assert {
         "depthwise-shifted",
         "pool-sum-sliced",
-        "transposed-phases",
+        "pointwise-conv-dot",
         "cumulative-blocked",
         "stable-softmax-2d",
     } <= rounding

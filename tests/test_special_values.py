@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from jax import lax
 
+import eqsat
 from eqsat.backends.cumulative import cumulative
 from eqsat.egraph_check import Disagreement
 from eqsat.ops import OPS, CumulativeAttrs
@@ -32,31 +33,27 @@ DTYPES = ("float32", "bfloat16", "float16")
 SOURCES = collect()
 EXAMPLES = 2  # draws per generator entry and dtype, the first (hypothesis's simplest: dims of 1) skipped
 
-# Rules whose forms give other special values than the original (which is jax.jit's answer on this device), each
-# with what it does wrong and the fix it waits for. A disagreement is put down to them only where the same program
-# saturated without them agrees everywhere; each shows its defect in a case of its own (DEFECTS below): a fixed
-# rule fails test_known_defects_still_disagree until it leaves the table.
-_HOLES = (
-    "jax.jit's conv multiplies its padding and lhs dilation's holes by the weights (0 x inf is NaN), except an "
-    "ungrouped 1-D or 2-D conv with lhs dilation, which skips both (XLA:CPU); {}. Fix (backends/kernels.py): "
-    "follow that rule per rank and groups"
-)
-_ONE_HOT = (
-    "jax.jit's one-hot product is NaN wherever another row's element is inf or NaN (0 x inf); the {} is not. Fix: "
-    "fence it with a check of the operand's finiteness (one pass, as the overflow guard's) or give the rule up"
-)
+# Rules whose forms give other special values than this module's reference, the original evaluated op by op, each
+# with why. A disagreement is put down to them only where the same program saturated without them agrees everywhere;
+# each shows it in a case of its own (CASES below): a rule that agrees fails test_known_rules_still_disagree until it
+# leaves the table.
 KNOWN: dict[str, str] = {
-    "few-channels-shifted": _HOLES.format("ShiftConv multiplies them always"),
-    "transposed-phases": _HOLES.format("PhaseConv never meets the holes"),
-    "depthwise-grad-shifted": (
-        "jax.jit's batch-grouped conv spreads a non-finite cotangent element as NaN to the same output channel of "
-        "every other group (XLA expands the groups with a mask multiply); ShiftConvBG keeps it in its group. Fix "
-        "(backends/kernels.py shifted_conv_bg): NaN where another group's same channel holds one (matches XLA:CPU "
-        "with 2+ channels per group; with one, XLA spreads otherwise, still to work out)"
+    "one-hot-row-sum-pick": (
+        "op by op, the one-hot product is NaN beside the label where the row holds an inf or NaN (0 x inf); jax.jit's "
+        "fused program is not: XLA turns x * one_hot into a select in float32 and float16 (not in bfloat16, where the "
+        "rule does not apply), which the pick matches (test_fenced_and_known_rules_give_jits_answer)"
     ),
-    "one-hot-gather": _ONE_HOT.format("gathered row"),
-    "one-hot-transposed-scatter": _ONE_HOT.format("scatter of the rows"),
-    "one-hot-row-sum-pick": _ONE_HOT.format("picked element"),
+}
+
+# Rules fenced where their forms' special values differ from jax.jit's: watched by the overflow guard (marked
+# `; @real`: the plan's value is not finite wherever they differ, and the original then runs), or computed as the
+# one-hot product itself where the operand holds an inf or NaN (backends/kernels.py take_rows, scatter_rows)
+FENCED = {
+    "few-channels-shifted": "guard: XLA:CPU skips an ungrouped 1-D/2-D conv's lhs-dilation holes, ShiftConv does not",
+    "transposed-phases": "guard: XLA:CPU multiplies the holes by the weights elsewhere, PhaseConv never meets them",
+    "depthwise-grad-shifted": "guard: XLA spreads a non-finite cotangent to every group's same channel, not its form",
+    "one-hot-gather": "exact: the product itself where the table holds an inf or NaN (a whole column NaN)",
+    "one-hot-transposed-scatter": "exact: the product itself where the rows hold an inf or NaN",
 }
 
 # Generator entries that reach their rules only in a few draws (cumulative-blocks-doubled, dense-merge,
@@ -174,7 +171,7 @@ def _case(fn: Callable[..., jax.Array], shapes: list[Shape], special: list[tuple
     return prog, inputs
 
 
-DEFECTS: dict[str, Callable[[], tuple]] = {
+CASES: dict[str, Callable[[], tuple]] = {
     # an ungrouped 2-D transposed conv of 2 channels, an inf weight: XLA skips the holes, ShiftConv multiplies them
     "few-channels-shifted": lambda: _case(_conv(2, 1, (1, 3, 3, 2), (3, 3, 2, 2)), [(1, 3, 3, 2), (3, 3, 2, 2)],
                                           [(1, (0, 0, 0, 0), np.inf)]),
@@ -197,8 +194,53 @@ DEFECTS: dict[str, Callable[[], tuple]] = {
 
 
 @pytest.mark.parametrize("rule", sorted(KNOWN))
-def test_known_defects_still_disagree(rule: str):
-    prog, inputs = DEFECTS[rule]()
+def test_known_rules_still_disagree(rule: str):
+    prog, inputs = CASES[rule]()
     found, snapshot, _ = check_program(prog, SOURCES, inputs=inputs)
     assert snapshot.rule_matches.get(rule) and found, f"{rule} agrees now: take it out of KNOWN"
     assert not check_program(prog, _without({rule}), inputs=inputs)[0]
+
+
+@pytest.mark.parametrize("rule", sorted(FENCED))
+def test_fenced_rules_agree(rule: str):
+    prog, inputs = CASES[rule]()
+    found, snapshot, _ = check_program(prog, SOURCES, inputs=inputs)
+    assert snapshot.rule_matches.get(rule) and not found, "\n".join(d.describe() for d in found)
+
+
+@pytest.mark.parametrize("alternatives_win", [True, False], ids=["alternative", "original"])
+@pytest.mark.parametrize("rule", sorted(FENCED | KNOWN))
+def test_fenced_and_known_rules_give_jits_answer(rule: str, alternatives_win: bool, decide_timings: Any):
+    """End to end: planned on finite values, with the rule's form far faster than the op it replaces (or far
+    slower: the op itself re-lowered), then called on the case's special values: jax.jit's NaNs, infinities and
+    values."""
+    prog, inputs = CASES[rule]()
+
+    def fun(*xs: jax.Array) -> Any:  # a Program is not hashable, as jax.jit needs
+        return prog(*xs)
+
+    ordinary = [np.random.default_rng(7).standard_normal(x.shape).astype(x.dtype) for x in inputs]
+    eqsat.optimize(fun).plan(*ordinary)
+    decide_timings(alternatives_win)
+    fast = eqsat.optimize(lambda *xs: fun(*xs))
+    fast(*ordinary)
+    assert fast.plan(*ordinary).rules_fired.get(rule)
+    reference = _in_a_loop(fun) if alternatives_win and rule in IN_CONTEXT else fun
+    np.testing.assert_allclose(fast(*inputs), jax.jit(reference)(*inputs), rtol=1e-5, atol=1e-6)
+
+
+# Where jax.jit's own special values depend on the program around the op: XLA:CPU's batch-grouped conv (a depthwise
+# conv's weight gradient) spreads a NaN cotangent to every group's same channel alone, not inside a loop or a cond's
+# branch. The overflow guard runs the original inside the plan's program, so the plan gives the latter.
+IN_CONTEXT = {"depthwise-grad-shifted"}
+
+
+def _in_a_loop(fun: Callable[..., Any]) -> Callable[..., Any]:
+    """fun run once in a while loop's body, as the overflow guard runs the original (backends/lower.py)."""
+
+    def looped(*xs: jax.Array) -> Any:
+        first = jax.eval_shape(fun, *xs)
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), first)
+        return lax.while_loop(lambda c: c[1], lambda c: (fun(*xs), False), (zeros, True))[0]
+
+    return looped
