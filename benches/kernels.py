@@ -44,12 +44,13 @@ from eqsat.workload import Workload
 
 KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "ConvNeXtTiny")
 BARS = {"MobileNetV2": 6, "EfficientNetB0": 4, "MobileNetV3Small": 3, "NASNetMobile": 3, "ConvNeXtTiny": 1.8,
-        "onehot": 100, "nasnet_a": 2, "mobilenetv2_train": 3, "maxpool": 1.5, "sumpool": 2, "grouped56": 1,
+        "onehot": 10, "nasnet_a": 2, "mobilenetv2_train": 3, "maxpool": 1.5, "sumpool": 2, "grouped56": 1,
         "grouped7": 1, "tinybatch": 4, "conv1d": 15, "conv3d": 50, "transposed_decoder": 1.3,
         "cumsum": 3, "sum30_python": 10, "sum30_reduce": 10, "sum30_stack": 10,
         "gelu_bf16": 2, "rmsnorm_bf16": 2, "softmax_bf16": 2, "mlp_bf16": 1.1,
         **{name + "_grad" * grad: 1.5 if grad else 1.8 for name in ("xent", "xent_onehot", "xent_keras")
            for grad in (False, True)}}  # fmt: skip
+# onehot's bar was 100 for a gather exact only on finite tables; jax.jit's NaNs need the table read each call (issue 42)
 # cases timed beside a hand rewrite of their slow kernels (the same run): eqsat must reach this share of its ratio
 HAND_SHARE = 2 / 3
 
