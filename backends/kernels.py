@@ -206,15 +206,15 @@ def kept_unless(ok: Any, results: list[Any], fallback: Callable[[], list[Any]]) 
     return kept
 
 
-def _one_hot_product_unless_finite(operand: Any, fast: Callable[[], Any], one_hot_product: Callable[[], Any]) -> Any:
-    """fast() where `operand` is finite, else the one-hot product itself: jax.jit's dot multiplies every zero of the
+def _one_hot_product_unless_finite(operand: Any, fast: Any, one_hot_product: Callable[[], Any]) -> Any:
+    """fast where `operand` is finite, else the one-hot product itself: jax.jit's dot multiplies every zero of the
     one-hot by every element, so an inf or NaN anywhere in a column makes the whole column NaN (0 x inf), which no
     gather or scatter computes. One pass over the operand, where the product would read it for every row. In the
     overflow guard's name scope: its check's all-reduce and the product's loop are not collectives a sharded plan
-    adds (eqsat/sharding.py collectives); fast() stays outside, where XLA joins its all-reduce with the program's."""
-    result = fast()
+    adds (eqsat/sharding.py collectives); fast, computed by the caller, stays outside the loop, where XLA joins its
+    all-reduce with the program's."""
     with jax.named_scope(OVERFLOW_GUARD):
-        return kept_unless(all_finite(operand), [result], lambda: [one_hot_product()])[0]
+        return kept_unless(all_finite(operand), [fast], lambda: [one_hot_product()])[0]
 
 
 def take_rows(_attrs: tuple, table: Any, ids: Any) -> Any:
@@ -225,7 +225,9 @@ def take_rows(_attrs: tuple, table: Any, ids: Any) -> Any:
         rows = jnp.take(table, ids, axis=0, mode="fill", fill_value=0)
         return jnp.where((ids >= 0)[..., None], rows, jnp.zeros((), table.dtype))
 
-    return _one_hot_product_unless_finite(table, gathered, lambda: _one_hot(ids, table.shape[0], table.dtype) @ table)
+    return _one_hot_product_unless_finite(
+        table, gathered(), lambda: jax.nn.one_hot(ids, table.shape[0], dtype=table.dtype) @ table
+    )
 
 
 def scatter_rows(attrs: tuple, rows: Any, ids: Any) -> Any:
@@ -240,14 +242,9 @@ def scatter_rows(attrs: tuple, rows: Any, ids: Any) -> Any:
         return table.at[jnp.where((ids >= 0) & (ids < depth), ids, depth)].add(rows, mode="drop")
 
     def product() -> Any:
-        return jnp.tensordot(_one_hot(ids, depth, rows.dtype), rows, axes=(0, 0))
+        return jnp.tensordot(jax.nn.one_hot(ids, depth, dtype=rows.dtype), rows, axes=(0, 0))
 
-    return _one_hot_product_unless_finite(rows, scattered, product)
-
-
-def _one_hot(ids: Any, depth: int, dtype: Any) -> Any:
-    """jax.nn.one_hot's array: 1 where ids equals the column, 0 elsewhere (all zeros out of range)."""
-    return (ids[..., None] == jnp.arange(depth, dtype=ids.dtype)).astype(dtype)
+    return _one_hot_product_unless_finite(rows, scattered(), product)
 
 
 # The fill value of a pick outside [0, depth): NaN is jnp.take_along_axis's own, 0 what a one-hot row sum gives
