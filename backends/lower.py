@@ -10,10 +10,10 @@ from jax import lax
 from jax.custom_batching import custom_vmap
 from jax.extend import core
 
-from eqsat.backends import kernels
 from eqsat.extract.plan import Plan
-from eqsat.graph_walk import reachable
-from eqsat.ops import OPS, VAR
+from eqsat.ops import kernels
+from eqsat.ops.table import OPS, VAR
+from eqsat.support.graph_walk import reachable
 
 
 def lower(

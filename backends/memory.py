@@ -14,9 +14,9 @@ import numpy as np
 
 from eqsat.backends.lower import lower
 from eqsat.extract.cost import value_bytes
-from eqsat.graph_walk import postorder
-from eqsat.ops import GET, VAR
-from eqsat.tolerance import mismatch
+from eqsat.numerics.tolerance import mismatch
+from eqsat.ops.table import GET, VAR
+from eqsat.support.graph_walk import postorder
 
 if TYPE_CHECKING:  # at runtime only duck-typed, so that extract.plan may import this module
     from eqsat.extract.plan import Plan

@@ -3,7 +3,7 @@
     python -m benches.cache_stress --processes 4 --threads 8 --seconds 60
     python -m benches.cache_stress --dir /mnt/nfs/eqsat-stress      # a directory of a network file system
 
-Each thread, until the time is up, stores a plan (eqsat/plan_store.py `save`) under a key every writer shares and
+Each thread, until the time is up, stores a plan (eqsat/plans/plan_store.py `save`) under a key every writer shares and
 under one of its own, loads each back, and measures two kernels into the timing cache, one of its own and one
 every writer shares (extract/timing.py `measure`, which saves the cache as planning does; a made-up device, its
 timer a stub). The processes start together. Then the directory is read: every plan file must be whole (its digest
@@ -24,13 +24,13 @@ from multiprocessing.synchronize import Barrier
 from pathlib import Path
 from typing import Any
 
-from eqsat import plan_store
-from eqsat.errors import EqsatWarning
+from eqsat.egraph.saturate import StopReason
 from eqsat.extract import timing
 from eqsat.extract.cost import Cost, load_profile, node_key
 from eqsat.extract.plan import Plan, PlanNode
-from eqsat.extract.report import plan_from_dict
-from eqsat.saturate import StopReason
+from eqsat.plans import plan_store
+from eqsat.plans.plan_json import plan_from_dict
+from eqsat.support.errors import EqsatWarning
 
 DEVICE = "stress:shared"  # a made-up device: its timing cache is this bench's alone
 SHARED = 4  # keys every writer writes (plans and kernels), beside each thread's own

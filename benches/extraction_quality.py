@@ -14,15 +14,15 @@ import time
 import jax
 
 from benches.models.registry import MODELS
-from eqsat.capture import capture
+from eqsat.capture.jaxpr import capture
+from eqsat.egraph.rule_sources import collect
+from eqsat.egraph.saturate import Saturation, saturate
 from eqsat.extract.cost import load_profile
 from eqsat.extract.dag import dag_cost
 from eqsat.extract.extractors import EXTRACT_SECONDS, extract
 from eqsat.extract.greedy import greedy_dag
 from eqsat.extract.ilp import ilp_extract
 from eqsat.extract.plan import extraction_problem
-from eqsat.rule_sources import collect
-from eqsat.saturate import Saturation, saturate
 
 
 def main(argv: list[str] | None = None) -> int:

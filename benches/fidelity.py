@@ -33,12 +33,12 @@ import eqsat
 from benches.charts import CHARTS, draw_fidelity, write_charts
 from benches.models import layers as L
 from eqsat.backends.lower import lower
+from eqsat.egraph.rule_sources import builtin_groups
 from eqsat.extract.cost import Profile, calibrated_path, load_bundled, load_profile, node_cost
 from eqsat.extract.plan import Plan
 from eqsat.extract.timing import attached
-from eqsat.measure import median_time
-from eqsat.rule_sources import builtin_groups
-from eqsat.workload import Workload
+from eqsat.numerics.measure import median_time
+from eqsat.support.workload import Workload
 
 # (label, target, disabled rule groups, extractor): how one workload yields several plans. "none" disables every
 # group, giving the original program; a100 plans keep the GEMM merges that the cpu profile turns off.

@@ -9,7 +9,7 @@ after the backend has started: jax.jit's, eqsat's with an empty cache directory 
 plans), and eqsat's again in a new process that keeps that directory (its plans stored). The bar (issue 17): eqsat's
 first call at most jax.jit's plus 1 s.
 
-A plan is built in the background while the first call runs jax.jit's program (eqsat/background.py), so each
+A plan is built in the background while the first call runs jax.jit's program (eqsat/support/background.py), so each
 eqsat row also says when the plan was ready (seconds from the first call's start: built, validated, timed and
 compiled) and what the call that switched to it cost.
 """

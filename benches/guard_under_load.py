@@ -33,8 +33,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from eqsat.support.workload import Workload
 from eqsat.tools.examples import EXAMPLES
-from eqsat.workload import Workload
 
 _RUN = """
 import json, eqsat
@@ -48,7 +48,7 @@ plan = settled(fast, work.args)  # undecided on the first call: live calls go on
 timed = None
 if {seconds!r}:  # what runs from now on against jax.jit, interleaved, the busy processes still beside
     import jax
-    from eqsat.measure import interleaved
+    from eqsat.numerics.measure import interleaved
     timed = interleaved(jax.jit(work.fn), fast, work.args, seconds={seconds!r}).ratio
 print(json.dumps({{"measured": plan.measured, "fallback": plan.fallback, "timed": timed}}))
 """

@@ -36,11 +36,11 @@ import numpy as np
 import eqsat
 from benches.models import nasnet_a
 from benches.models.keras_apps import keras_app
-from eqsat.measure import interleaved
-from eqsat.tolerance import ulps
+from eqsat.numerics.measure import interleaved
+from eqsat.numerics.tolerance import ulps
+from eqsat.numerics.widening import widened
+from eqsat.support.workload import Workload
 from eqsat.tools.versus import against_jit, settled
-from eqsat.widening import widened
-from eqsat.workload import Workload
 
 KERAS = ("MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "NASNetMobile", "ConvNeXtTiny")
 BARS = {"MobileNetV2": 6, "EfficientNetB0": 4, "MobileNetV3Small": 3, "NASNetMobile": 3, "ConvNeXtTiny": 1.8,
@@ -313,8 +313,8 @@ def _narrow_ulps(work: Workload, fast: Callable[..., Any]) -> dict[str, list[flo
     """For bfloat16 or float16 results: each element's distance, in units of the narrow type's last place there,
     from two float32 references, as [largest, share within two] for eqsat's results and for jax.jit's: "inputs",
     the function evaluated on float32 inputs (its Python constants float32 too), and "program", the captured
-    program evaluated in float32 (eqsat/widening.py: its constants as the narrow type holds them, which is all a
-    plan can know of them)."""
+    program evaluated in float32 (eqsat/numerics/widening.py: its constants as the narrow type holds them, which is all
+    a plan can know of them)."""
     out = jax.tree.leaves(fast(*work.args))
     if not all(a.dtype in (jnp.bfloat16, jnp.float16) for a in out):
         return None

@@ -19,7 +19,7 @@ from jax.extend import core as jcore
 
 import eqsat
 from eqsat.backends.lower import lower, overflow_guarded
-from eqsat.measure import interleaved
+from eqsat.numerics.measure import interleaved
 from eqsat.tools import examples
 
 CASES = ("matmul_chain", "distributivity")

@@ -13,7 +13,7 @@ import jax
 
 import eqsat
 from benches.models.keras_apps import keras_app
-from eqsat.measure import interleaved
+from eqsat.numerics.measure import interleaved
 
 
 def without_pools() -> str:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from benches.models.keras_apps import keras_app
 from benches.models.random_init import SEED, init_scope, normal, params_workload, token_ids
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 # --- Keras 3 (JAX backend) ---------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@ one, built and timed in one process, interleaved (then the plan against jax.jit)
 
     python -m benches.rule_ab benches.real_models:keras_efficientnetb0_batch2 --rule pointwise-conv-dot
 
-FACTORY is a zero-argument function returning an eqsat.workload.Workload (as `python -m eqsat profile` takes).
+FACTORY is a zero-argument function returning an eqsat.support.workload.Workload (as `python -m eqsat profile` takes).
 """
 
 import argparse
@@ -13,8 +13,8 @@ from typing import Any
 import jax
 
 import eqsat
-from eqsat.measure import interleaved
-from eqsat.rule_sources import builtin_groups, keeping, rule_names
+from eqsat.egraph.rule_sources import builtin_groups, keeping, rule_names
+from eqsat.numerics.measure import interleaved
 from eqsat.tools.versus import ready
 
 

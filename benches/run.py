@@ -21,11 +21,11 @@ import jax
 
 import eqsat
 from benches.charts import CHARTS, draw_results, write_charts
-from eqsat import progress
 from eqsat.backends.memory import xla_figure
 from eqsat.extract.cost import class_of
+from eqsat.support import progress
+from eqsat.support.workload import Workload
 from eqsat.tools.versus import against_jit
-from eqsat.workload import Workload
 
 
 def measure(work: Workload, seconds: float, prepared: bool, target: str = "cpu") -> dict[str, Any]:

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import eqsat
-from eqsat.measure import interleaved
+from eqsat.numerics.measure import interleaved
 
 SEED = 0
 

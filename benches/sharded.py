@@ -23,8 +23,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import eqsat
-from eqsat.measure import interleaved
-from eqsat.sharding import collectives
+from eqsat.numerics.measure import interleaved
+from eqsat.plans.sharding import collectives
 
 BATCH, SEQ, WIDTH, HEADS, HIDDEN, VOCAB = 8, 128, 256, 8, 1024, 8192
 

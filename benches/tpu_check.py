@@ -12,8 +12,8 @@ import time
 import traceback
 from collections.abc import Callable
 
+from eqsat.support.workload import Workload
 from eqsat.tools import tpu_check
-from eqsat.workload import Workload
 
 
 def _cases(scale: str) -> dict[str, Callable[[], Workload]]:

@@ -9,19 +9,19 @@ eqsat.compare(plan_a, plan_b)    # plans side by side
 import importlib
 from typing import Any
 
-# Names load on first use (PEP 562), so that a lower layer (extract.cost, importing eqsat.ops) can be imported on
+# Names load on first use (PEP 562), so that a lower layer (extract.cost, importing eqsat.ops.table) can be imported on
 # its own without pulling in the API above it, whose imports lead back to that layer.
 _HOMES = {
     "fit_budget": "eqsat.api",
-    "Buckets": "eqsat.buckets",
-    "EqsatWarning": "eqsat.errors",
+    "Buckets": "eqsat.plans.buckets",
+    "EqsatWarning": "eqsat.support.errors",
     "Optimized": "eqsat.api",
     "optimize": "eqsat.api",
-    "CaptureError": "eqsat.errors",
-    "EqsatError": "eqsat.errors",
-    "RuleError": "eqsat.errors",
-    "ShapeConflictError": "eqsat.errors",
-    "Limits": "eqsat.options",
+    "CaptureError": "eqsat.support.errors",
+    "EqsatError": "eqsat.support.errors",
+    "RuleError": "eqsat.support.errors",
+    "ShapeConflictError": "eqsat.support.errors",
+    "Limits": "eqsat.plans.options",
     "Plan": "eqsat.extract.plan",
     "compare": "eqsat.extract.changes",
 }

@@ -1,8 +1,8 @@
 """The public API: optimize() wraps a function like jax.jit; each input signature gets its own plan.
 
 Optimized is jax.jit's surface (call, `lower`, `trace`, `eval_shape`, `clear_cache`, methods, export) over the
-calls' side, eqsat/dispatcher.py: a call that owes nothing is jax.jit's call of the plan (or of the original) and
-nothing else; one that may owe work (a plan to validate, a plan built in the background to switch to) goes there.
+calls' side, eqsat/dispatch/dispatcher.py: a call that owes nothing is jax.jit's call of the plan (or of the original)
+and nothing else; one that may owe work (a plan to validate, a plan built in the background to switch to) goes there.
 """
 
 import functools
@@ -16,17 +16,17 @@ import jax
 
 from eqsat.backends import memory
 from eqsat.backends.memory import BudgetReport, MemoryReport, memory_report
-from eqsat.buckets import Buckets, PaddedCall, Padding
-from eqsat.dispatcher import Dispatcher
+from eqsat.dispatch.dispatcher import Dispatcher
+from eqsat.dispatch.prepare import prepare
 from eqsat.extract.plan import Plan
-from eqsat.options import OPTIONS, Limits, Options, ResolvedOptions, options_help, resolve
-from eqsat.prepare import prepare
+from eqsat.plans.buckets import Buckets, PaddedCall, Padding
+from eqsat.plans.options import OPTIONS, Limits, Options, ResolvedOptions, options_help, resolve
 
 
 class Optimized:
     """The callable optimize() returns: call it like the original (or like jax.jit(original): `.lower`, `.trace`,
     `.clear_cache`, jax.export); `.plan(*args)` shows what runs. With buckets every method takes the call as its
-    bucket pads it (eqsat/buckets.py), and a call's results are sliced back."""
+    bucket pads it (eqsat/plans/buckets.py), and a call's results are sliced back."""
 
     def __init__(self, fun: Callable[..., Any], options: ResolvedOptions) -> None:
         self.fun, self.options = fun, options
@@ -108,11 +108,11 @@ class Optimized:
         return self._calls.entry(signature, bool(self.options.params_argnums) if prepared is None else prepared).plan
 
     def profile(self, *args: Any, measure_seconds: float | None = None, seconds: float = 1.0) -> Any:
-        """The kernel census at these arguments (eqsat/census.py): every kernel of the program timed alone against
-        its roofline, the alternatives the plan chose, the program end to end; prints as a table, saves as JSON.
+        """The kernel census at these arguments (eqsat/census/census.py): every kernel of the program timed alone
+        against its roofline, the alternatives the plan chose, the program end to end; prints as a table, saves as JSON.
         `measure_seconds`: measuring new kernels at most (default Limits.measure_seconds); `seconds`: timing the
         program end to end (0: not timed)."""
-        from eqsat import census  # imported where it is used: planning and calls never load it
+        from eqsat.census import census  # imported where it is used: planning and calls never load it
 
         args, _, _ = self._padded(args, {})
         return census.profile(self, args, self._calls.programs, measure_seconds, seconds)
@@ -220,7 +220,7 @@ def optimize(
 ) -> Optimized | Callable[[Callable[..., Any]], Optimized]:
     """Optimize a JAX function by equality saturation; use as `optimize(f, ...)` or `@optimize(...)`.
 
-    The options, each with its type, default and one-line doc, are declared once in `eqsat.options.Options`; the
+    The options, each with its type, default and one-line doc, are declared once in `eqsat.plans.options.Options`; the
     user guide's page "optimize and its options" (docs/guide/optimize.md) tables them, and help(eqsat.optimize)
     lists them below.
     """

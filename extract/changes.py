@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from eqsat import rule_sources
+from eqsat.egraph import rule_sources
 from eqsat.extract import provenance
 from eqsat.extract.views import (
     Program,
@@ -23,7 +23,7 @@ from eqsat.extract.views import (
     type_text,
     unmatched,
 )
-from eqsat.ops import OPS, VAR
+from eqsat.ops.table import OPS, VAR
 
 if TYPE_CHECKING:  # plans are read here, never built: extract.plan imports this module for its summary
     from eqsat.extract.plan import Plan

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from eqsat.errors import EqsatWarning
-from eqsat.ops import CONV, OPS, CostClass, PoolAttrs, contraction_flops
+from eqsat.ops.table import CONV, OPS, CostClass, PoolAttrs, contraction_flops
+from eqsat.support.errors import EqsatWarning
 
 Shape = tuple[int, ...]
 log = logging.getLogger("eqsat")

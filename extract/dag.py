@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from eqsat.graph_walk import postorder
+from eqsat.support.graph_walk import postorder
 
 if TYPE_CHECKING:
-    from eqsat.saturate import ENode
+    from eqsat.egraph.saturate import ENode
 
 
 def reachable(nodes: list[ENode], choice: dict[str, int], roots: list[str]) -> list[str]:

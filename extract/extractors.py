@@ -7,10 +7,10 @@ import math
 import time
 from dataclasses import dataclass
 
+from eqsat.egraph.saturate import ENode
 from eqsat.extract.dag import dag_cost, reachable
 from eqsat.extract.greedy import greedy_dag
-from eqsat.graph_walk import postorder
-from eqsat.saturate import ENode
+from eqsat.support.graph_walk import postorder
 
 METHODS = ("greedy", "ilp", "auto")
 EXTRACT_SECONDS = 0.5  # the default of eqsat.Limits.extract_seconds: the ILP's and the sharing pass's budget

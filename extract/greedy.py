@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from eqsat.saturate import ENode
+    from eqsat.egraph.saturate import ENode
 
 _BIT = np.arange(8)
 

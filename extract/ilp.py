@@ -15,9 +15,9 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, OptimizeResult, milp
 from scipy.sparse import coo_array
 
-from eqsat import graph_walk
+from eqsat.egraph.saturate import ENode
 from eqsat.extract.dag import dag_cost, reachable
-from eqsat.saturate import ENode
+from eqsat.support import graph_walk
 
 
 def ilp_extract(

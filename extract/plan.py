@@ -5,7 +5,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from eqsat import guard
+from eqsat.capture.ir import Graph, Node, Shape, Where
+from eqsat.egraph.saturate import ENode, Snapshot, StopReason
 from eqsat.extract import changes, provenance
 from eqsat.extract.cost import Cost, Profile, node_cost, value_bytes
 from eqsat.extract.dag import reachable
@@ -14,9 +15,8 @@ from eqsat.extract.timing import measurable
 from eqsat.extract.views import original_graph
 from eqsat.extract.widen import GROUP as WIDEN_GROUP
 from eqsat.extract.widen import removed_roundings, widen
-from eqsat.ir import Graph, Node, Shape, Where
-from eqsat.ops import CONV, OPAQUE, OPS, TCONS, TNIL, VAR, ConvAttrs, CostClass, infer
-from eqsat.saturate import ENode, Snapshot, StopReason
+from eqsat.numerics import guard
+from eqsat.ops.table import CONV, OPAQUE, OPS, TCONS, TNIL, VAR, ConvAttrs, CostClass, infer
 
 if TYPE_CHECKING:
     from eqsat.backends.memory import MemoryReport
@@ -64,11 +64,13 @@ class Plan:
     autotune: list[dict[str, Any]] = field(default_factory=list)  # candidates: label, predicted and measured s
     blamed: list[str] | None = None  # after a failed validation: the rules the mismatching result depends on
     original_seconds: list[float] = field(default_factory=list)  # predicted time of each original graph node
-    measured: dict[str, Any] | None = None  # the plan timed against the original after validation (eqsat/guard.py)
+    # the plan timed against the original after validation (eqsat/numerics/guard.py)
+    measured: dict[str, Any] | None = None
     # the rules marked `; @real` that fired for a rewritten plan: its results are checked for inf and NaN on device,
     # the original running where any is (backends/lower.py overflow_guarded); empty: not guarded
     overflow_guard: list[str] = field(default_factory=list)
-    # per node: the graph nodes it stands for (eqsat/repeats.py copies a block's plan into each layer with them)
+    # per node: the graph nodes it stands for (eqsat/planning/repeats.py copies a block's plan into each layer
+    # with them)
     members: list[list[int]] = field(default_factory=list, repr=False, compare=False)
 
     @property
@@ -128,7 +130,8 @@ class Plan:
 
     def rules_involved(self) -> list[str]:
         """The rules a mismatch depends on, where validation found one (re-planning with subsets of the fired
-        rules, see eqsat.validate.blame); otherwise every rule that fired, the set the plan was extracted from."""
+        rules, see eqsat.checks.validate.blame); otherwise every rule that fired, the set the plan was extracted
+        from."""
         return list(self.blamed) if self.blamed is not None else sorted(self.rules_fired)
 
     def summary(self) -> str:

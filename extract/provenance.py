@@ -9,8 +9,8 @@ its inputs.
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from eqsat.ir import Graph, Role, Where
-from eqsat.ops import VAR
+from eqsat.capture.ir import Graph, Role, Where
+from eqsat.ops.table import VAR
 
 if TYPE_CHECKING:
     from eqsat.extract.plan import PlanNode

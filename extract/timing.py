@@ -34,13 +34,13 @@ import jaxlib
 import numpy as np
 from jax import lax
 
-from eqsat import progress
-from eqsat.errors import EqsatWarning
+from eqsat.egraph.saturate import Snapshot
 from eqsat.extract.cost import Profile, cache_dir, cache_file_lock, keep_cache, node_cost, node_key, write_cache_file
-from eqsat.measure import median_time
-from eqsat.ops import OPS, CostClass, infer
-from eqsat.sample import example_array
-from eqsat.saturate import Snapshot
+from eqsat.numerics.measure import median_time
+from eqsat.numerics.sample import example_array
+from eqsat.ops.table import OPS, CostClass, infer
+from eqsat.support import progress
+from eqsat.support.errors import EqsatWarning
 
 # 2: kernels too fast to measure listed in "too_fast" (1 wrote them as null timings); 3: an op with operand layouts
 # timed on operands made in them (2 timed ShiftConvBG with its transposes unfolded, 2-4x slow); 4: a large kernel

@@ -4,9 +4,9 @@ and drawings treat them alike, and the matching that tells which nodes of one ha
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from eqsat.capture.ir import Graph, Role, Shape
 from eqsat.extract.cost import Cost
-from eqsat.ir import Graph, Role, Shape
-from eqsat.ops import OPAQUE, VAR
+from eqsat.ops.table import OPAQUE, VAR
 
 if TYPE_CHECKING:  # plans are read here, never built: extract.plan imports this module for its summary
     from eqsat.extract.plan import Plan

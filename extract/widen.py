@@ -3,7 +3,7 @@
 XLA:CPU computes each narrow-float elementwise op in float32 and rounds its result back (gelu in bfloat16 over
 2x128x8192: 33 ms, 8.1 ms computed in float32 and rounded once). Rounding every op is what the original program
 says, but it is only the original's own error: the chain computed in float32 and rounded once is closer to the
-exact value, and validation accepts exactly that much difference (eqsat/tolerance.py narrow_less_accurate).
+exact value, and validation accepts exactly that much difference (eqsat/numerics/tolerance.py narrow_less_accurate).
 
 This is a choice made on the extracted plan rather than an e-graph rewrite: dropping a rounding is sound in no
 dtype (no rule could pass `rules check`), and the best choice never needs search: every maximal connected region of
@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from eqsat.extract.cost import NARROW_FLOATS, Profile, rounding_seconds
-from eqsat.ops import ONE_HOT, OPS, CostClass
+from eqsat.ops.table import ONE_HOT, OPS, CostClass
 
 if TYPE_CHECKING:
     from eqsat.extract.plan import PlanNode
 
 WIDE = "float32"
-# the name that switches widening off, in disabled_rules beside the rule groups (eqsat/options.py): a rounding the
+# the name that switches widening off, in disabled_rules beside the rule groups (eqsat/plans/options.py): a rounding the
 # program means, `(x.astype(bfloat16) + 1024) - 1024`, is then kept
 GROUP = "low-precision"
 _WIDENED_CLASSES = (CostClass.ELEMENTWISE, CostClass.BITCAST)

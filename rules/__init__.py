@@ -1,1 +1,1 @@
-"""Built-in rewrite rules, one egglog file per group; loaded at run time by eqsat.rule_sources."""
+"""Built-in rewrite rules, one egglog file per group; loaded at run time by eqsat.egraph.rule_sources."""

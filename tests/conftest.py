@@ -7,11 +7,11 @@ import pytest
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 # tests plan with the bundled device profiles, not with one `python -m eqsat calibrate` left in the user's cache
 os.environ["EQSAT_CACHE_DIR"] = tempfile.mkdtemp(prefix="eqsat-test-cache-")
-# plans are kept unmeasured (eqsat/guard.py): timing on a loaded CI machine would make tests depend on its load;
-# tests/test_guard.py sets the budget itself
+# plans are kept unmeasured (eqsat/numerics/guard.py): timing on a loaded CI machine would make tests depend on its
+# load; tests/test_guard.py sets the budget itself
 os.environ["EQSAT_GUARD_SECONDS"] = "0"
-# a first call plans (not the planning thread, eqsat/background.py): which program a call runs must not depend on
-# how fast the machine plans; tests/test_background.py builds plans in the background itself
+# a first call plans (not the planning thread, eqsat/support/background.py): which program a call runs must not depend
+# on how fast the machine plans; tests/test_background.py builds plans in the background itself
 os.environ["EQSAT_BACKGROUND"] = "0"
 
 
@@ -66,7 +66,7 @@ def decide_timings(tmp_path, monkeypatch):
     file. Which rival wins on a loaded machine is load's call; tests of what a plan does with a decision use this.
     Returns the ops the cache prices."""
     from eqsat.extract import timing  # here, not at the top: jax must not start before XLA_FLAGS is set
-    from eqsat.ops import OPS
+    from eqsat.ops.table import OPS
 
     monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
 

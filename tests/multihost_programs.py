@@ -51,17 +51,17 @@ def main() -> None:
     from jax.experimental import multihost_utils
 
     import eqsat
-    from eqsat import processes
-    from eqsat.measure import interleaved
+    from eqsat.numerics.measure import interleaved
+    from eqsat.support import processes
 
     if os.environ.get("TEST_OTHER_PROGRAM"):  # what EQSAT_CHECK_LOCKSTEP must catch: another program reported
-        import eqsat.dispatcher
+        import eqsat.dispatch.dispatcher
 
-        eqsat.dispatcher._program = lambda entry, flat: "another program"
+        eqsat.dispatch.dispatcher._program = lambda entry, flat: "another program"
     if os.environ.get("TEST_OTHER_VERSION"):  # a host with another eqsat installed
-        import eqsat.plan_store
+        import eqsat.plans.plan_store
 
-        eqsat.plan_store.code_version = lambda: "another version"
+        eqsat.plans.plan_store.code_version = lambda: "another version"
     fun, inputs = _case(args)
     options: dict[str, Any] = {"rules": [RULE]} if args.case == "rule" else {}
     if args.measure_seconds is not None:

@@ -23,7 +23,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import eqsat
-from eqsat.sharding import collectives
+from eqsat.plans.sharding import collectives
 
 RNG = np.random.default_rng(0)
 

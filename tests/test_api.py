@@ -383,7 +383,7 @@ def test_naive_softmax_and_logsumexp_become_stable():
 
 
 def test_validation_rejects_new_infinities_and_accepts_removed_ones():
-    from eqsat.tolerance import mismatch
+    from eqsat.numerics.tolerance import mismatch
 
     finite, overflowed = [np.array([1.0, 2.0], np.float32)], [np.array([1.0, np.inf], np.float32)]
     assert mismatch(finite, overflowed) is not None

@@ -11,9 +11,9 @@ import pytest
 from jax import lax
 
 import eqsat
-from eqsat.backends import kernels
-from eqsat.capture import capture
-from eqsat.ops import OPS
+from eqsat.capture.jaxpr import capture
+from eqsat.ops import kernels
+from eqsat.ops.table import OPS
 
 NAN, INF = np.nan, np.inf
 SPECIAL = np.array(  # NaNs (the first one wins), all -inf, infinities beside a NaN, signed zeros

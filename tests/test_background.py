@@ -1,5 +1,5 @@
-"""Plans built in the background (eqsat/background.py): a signature's first call runs jax.jit's program while its
-plan is built, validated and timed beside it, and a later call switches to the plan.
+"""Plans built in the background (eqsat/support/background.py): a signature's first call runs jax.jit's program while
+its plan is built, validated and timed beside it, and a later call switches to the plan.
 
 Tests elsewhere plan in the first call (tests/conftest.py sets EQSAT_BACKGROUND=0); these ask for background=True."""
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import eqsat
-from eqsat.dispatcher import Dispatcher
+from eqsat.dispatch.dispatcher import Dispatcher
 
 X = jnp.arange(12.0).reshape(3, 4) / 10
 W1, W2 = jnp.ones((4, 5)), jnp.full((4, 5), 0.5)
@@ -125,7 +125,8 @@ def test_a_process_exits_without_waiting_for_the_plan_being_built(tmp_path):
         jobs = []
         atexit.register(lambda: print("job:", type(jobs[0].exception(timeout=0)).__name__ if jobs else None))
         import eqsat
-        from eqsat import planning, progress
+        from eqsat.planning import planner
+        from eqsat.support import progress
 
         def slow_saturate(*args, **kwargs):
             for k in range(600):
@@ -133,7 +134,7 @@ def test_a_process_exits_without_waiting_for_the_plan_being_built(tmp_path):
                 time.sleep(0.1)
             raise AssertionError("not stopped")
 
-        planning.saturate = slow_saturate
+        planner.saturate = slow_saturate
         fast = eqsat.optimize(lambda x: jnp.tanh(x) * 2, background=True)
         print("result:", float(fast(jnp.ones(3)).sum()))
         (entry,) = fast._calls.cache.values()
@@ -157,11 +158,11 @@ def test_a_process_that_exits_while_a_plan_compiles_its_reference_prints_no_warn
         import threading, time
         import jax.numpy as jnp
         import eqsat
-        from eqsat import planning
+        from eqsat.planning import planner
 
         reached, exiting = threading.Event(), threading.Event()
         threading._register_atexit(exiting.set)  # registered last: the first exit hook to run
-        compiler = planning._COMPILER
+        compiler = planner._COMPILER
 
         class AtExit:  # hands the reference compile over once the process has begun to exit
             def submit(self, *args):
@@ -170,7 +171,7 @@ def test_a_process_that_exits_while_a_plan_compiles_its_reference_prints_no_warn
                 time.sleep(1.0)
                 return compiler.submit(*args)
 
-        planning._COMPILER = AtExit()
+        planner._COMPILER = AtExit()
         fast = eqsat.optimize(lambda x, w1, w2: x @ w1 + x @ w2, background=True)
         print("result:", float(fast(jnp.ones((3, 4)), jnp.ones((4, 5)), jnp.ones((4, 5))).sum()))
         assert reached.wait(60)

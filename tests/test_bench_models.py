@@ -6,7 +6,7 @@ import pytest
 
 import eqsat
 from benches.models.registry import MODELS
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 # Output shapes at scale="small" (train_step is checked separately).
 SMALL_OUT = {

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import eqsat
-from eqsat.rows import RowsMixed, row_axes
+from eqsat.capture.rows import RowsMixed, row_axes
 
 
 def _mlp(params, x):

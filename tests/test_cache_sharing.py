@@ -6,8 +6,8 @@ import threading
 import warnings
 
 from benches import cache_stress
-from eqsat.errors import EqsatWarning
 from eqsat.extract import cost, timing
+from eqsat.support.errors import EqsatWarning
 
 THREADS = 8
 

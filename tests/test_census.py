@@ -1,4 +1,4 @@
-"""The kernel census (eqsat/census.py): what its table lists for small programs, not how fast anything ran.
+"""The kernel census (eqsat/census/census.py): what its table lists for small programs, not how fast anything ran.
 
 Kernels are timed by stand-ins (a depthwise convolution slow, every other kernel fast; fused loops and opaque calls
 still compiled and run alone), so that the plan's choice and the table's figures do not follow the machine's load."""
@@ -12,10 +12,11 @@ import jax.numpy as jnp
 import pytest
 
 import eqsat
-from eqsat import census, census_kernels, planning
 from eqsat.__main__ import main
+from eqsat.census import census, units
 from eqsat.extract import timing
 from eqsat.extract.cost import load_profile, node_cost
+from eqsat.planning import planner
 
 CONV_S, OTHER_S = 1e-3, 1e-5
 
@@ -236,9 +237,9 @@ def test_a_plan_loaded_from_the_store_is_keyed_as_one_built_here():
         graph, nodes=[dataclasses.replace(n, attrs=json.loads(json.dumps(n.attrs, default=str)),
                                           shape=None if n.shape is None else list(n.shape)) for n in graph.nodes]
     )  # fmt: skip
-    found = census_kernels.units(graph)
+    found = units.units(graph)
     assert any(unit.kind == "fused" for unit in found)
-    assert [census_kernels.unit_key(as_json, u) for u in found] == [census_kernels.unit_key(graph, u) for u in found]
+    assert [units.unit_key(as_json, u) for u in found] == [units.unit_key(graph, u) for u in found]
 
 
 def padded_before_strided_conv(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
@@ -266,15 +267,15 @@ def test_a_census_of_a_stored_plan_compiles_the_original_once_and_traces_the_pla
     fast, args = eqsat.optimize(depthwise), _depthwise_args()
     fast.plan(*args)
     fast.clear_cache()  # the plan is loaded from the store
-    planning.compiling_done()  # the first plan's original, compiled for its validation
+    planner.compiling_done()  # the first plan's original, compiled for its validation
     traces = []
 
     def lower(plan, **kwargs):
         run = planning_lower(plan, **kwargs)
         return lambda *xs: traces.append(len(xs)) or run(*xs)
 
-    planning_lower = planning.lower
-    monkeypatch.setattr(planning, "lower", lower)
+    planning_lower = planner.lower
+    monkeypatch.setattr(planner, "lower", lower)
     jax.config.update("jax_log_compiles", True)  # on every thread: the original compiles on one of eqsat's
     try:
         with caplog.at_level(logging.WARNING, logger="jax"):

@@ -1,5 +1,5 @@
 """Whole contraction chains get the order of fewest flops, and sums of contractions sharing an operand are
-factored, however long, with the e-graph staying small (eqsat/chains.py)."""
+factored, however long, with the e-graph staying small (eqsat/egraph/chains.py)."""
 
 import functools
 import operator
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import eqsat
-from eqsat.chains import chain_order
+from eqsat.egraph.chains import chain_order
 
 
 def _chain_flops(shapes, split, lo, hi):

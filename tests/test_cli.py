@@ -15,9 +15,9 @@ from rich.progress import Progress
 
 import eqsat
 import eqsat.__main__
-from eqsat import progress
 from eqsat.__main__ import main
-from eqsat.extract import report
+from eqsat.plans import plan_json
+from eqsat.support import progress
 
 
 def tiny(x: jnp.ndarray, w1: jnp.ndarray, w2: jnp.ndarray) -> jnp.ndarray:
@@ -31,7 +31,7 @@ def test_optimize_function_with_arg_specs_writes_json_html_dot(tmp_path, capsys)
     assert main(argv + [f"--{ext}={path}" for ext, path in out.items()]) == 0
     printed = capsys.readouterr().out
     assert "plan for target 'cpu'" in printed and "dot-factor" in printed
-    plan = report.load_plan(out["json"])
+    plan = plan_json.load_plan(out["json"])
     assert plan.target == "cpu" and plan.rewritten_ops()
     assert out["html"].read_text().count('class="pane"') == 2  # the two programs, drawn in the browser
     assert out["dot"].read_text().startswith('digraph "plan"')

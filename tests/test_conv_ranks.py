@@ -12,12 +12,12 @@ import pytest
 from jax import lax
 
 import eqsat
-from eqsat.capture import capture
-from eqsat.egraph_check import evaluate
+from eqsat.capture.jaxpr import capture
+from eqsat.egraph.check import evaluate
+from eqsat.egraph.rule_sources import collect
+from eqsat.egraph.saturate import Saturation, saturate
 from eqsat.extract.plan import LHS_HOLES
-from eqsat.ops import OPS, ConvAttrs, infer
-from eqsat.rule_sources import collect
-from eqsat.saturate import Saturation, saturate
+from eqsat.ops.table import OPS, ConvAttrs, infer
 
 RNG = np.random.default_rng(26)
 LAYOUTS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "DHWIO", "NDHWC")}

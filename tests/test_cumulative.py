@@ -11,9 +11,9 @@ import pytest
 from jax import lax
 
 import eqsat
-from eqsat.backends.cumulative import KINDS, blocked, cumulative
-from eqsat.capture import capture
-from eqsat.ops import BlockedCumulativeAttrs, CumulativeAttrs, infer
+from eqsat.capture.jaxpr import capture
+from eqsat.ops.cumulative import KINDS, blocked, cumulative
+from eqsat.ops.table import BlockedCumulativeAttrs, CumulativeAttrs, infer
 
 SCANS = {"sum": lax.cumsum, "prod": lax.cumprod, "max": lax.cummax, "min": lax.cummin, "logsumexp": lax.cumlogsumexp}
 

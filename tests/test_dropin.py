@@ -17,10 +17,11 @@ import pytest
 from jax import lax
 
 import eqsat
-from eqsat import background as eqsat_background
-from eqsat import planning
 from eqsat.__main__ import main
-from eqsat.extract import changes, report
+from eqsat.extract import changes
+from eqsat.planning import planner
+from eqsat.plans import plan_json
+from eqsat.support import background as eqsat_background
 
 A, V = jnp.linspace(-1, 1, 32 * 32).reshape(32, 32), jnp.linspace(0, 1, 32 * 4).reshape(32, 4)
 
@@ -219,8 +220,8 @@ def test_pure_callback():
 def test_rewrapping_a_function_plans_it_once(monkeypatch):
     """jax.jit(f)(x) inside a loop or a gradient: the plan is found again, as jax.jit finds its trace."""
     built = []
-    real = planning.capture
-    monkeypatch.setattr("eqsat.planning.capture", lambda *args: built.append(1) or real(*args))
+    real = planner.capture
+    monkeypatch.setattr("eqsat.planning.planner.capture", lambda *args: built.append(1) or real(*args))
 
     def f(a, v):
         return chain(a, v)
@@ -383,7 +384,7 @@ def test_cli_zero_limits_mean_zero(flag, tmp_path, capsys):
     out = tmp_path / "plan.json"
     argv = ["optimize", "test_dropin:chain", "--args", "f32[32,32]", "f32[32,4]", "--no-progress", "--json"]
     assert main([*argv, str(out), flag, "0"]) == 0
-    plan = report.load_plan(out)
+    plan = plan_json.load_plan(out)
     assert not plan.rewritten_ops() and plan.stop_reason == flag[2:]
 
 
@@ -425,7 +426,7 @@ def test_a_failure_of_eqsats_own_machinery_warns_and_runs_the_original(monkeypat
     def broken(*_):
         raise RuntimeError("saturation broke")
 
-    monkeypatch.setattr("eqsat.planning.saturate", broken)
+    monkeypatch.setattr("eqsat.planning.planner.saturate", broken)
     fast = _fast()
     with pytest.warns(eqsat.EqsatWarning, match="could not plan chain.*saturation broke"):
         _close(fast(A, V), chain(A, V))

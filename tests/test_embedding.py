@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import eqsat
-from eqsat.capture import capture
-from eqsat.egraph_check import evaluate
-from eqsat.ops import OPS
+from eqsat.capture.jaxpr import capture
+from eqsat.egraph.check import evaluate
+from eqsat.ops.table import OPS
 
 VOCAB, WIDTH = 50, 8
 # repeated ids, ids past the end and negative ones (one_hot gives them an all-zero row)

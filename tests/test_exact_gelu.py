@@ -8,7 +8,7 @@ from jax import lax
 from scipy import special
 
 import eqsat
-from eqsat.tolerance import beyond_conditioning, comparable, differs, less_accurate
+from eqsat.numerics.tolerance import beyond_conditioning, comparable, differs, less_accurate
 from extract.cost import load_bundled, node_cost
 
 
@@ -60,7 +60,8 @@ def test_validation_refuses_a_tail_lost_beside_large_values():
     original = jax.jit(lambda x: [_exact_gelu(x)])
     want = comparable(original(x))
     lost = comparable([x / 2 * (1 - lax.erf(-x / np.sqrt(2)))])
-    # validation's steps (eqsat/validate.py): the comparison, the original's own sensitivity, the float64 reference
+    # validation's steps (eqsat/checks/validate.py): the comparison, the original's own sensitivity, the float64
+    # reference
     assert differs(0, want[0], lost[0]) is not None
     unjudged = beyond_conditioning(original, [x], want, lost)
     assert unjudged is not None and "its own scale" in unjudged[1]

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eqsat.egraph.saturate import ENode
 from eqsat.extract.dag import dag_cost, reachable
 from eqsat.extract.extractors import EXTRACT_SECONDS, extract
 from eqsat.extract.greedy import greedy_dag
 from eqsat.extract.ilp import ilp_extract
-from eqsat.saturate import ENode
 
 COSTS = st.sampled_from([0.0, 1.0, 1.0, 2.0, 3.5, 10.0, math.inf])
 

@@ -7,7 +7,7 @@ import pytest
 from jax import lax
 
 import eqsat
-from eqsat import tolerance
+from eqsat.numerics import tolerance
 from eqsat.tools import fuzz, fuzz_cases
 
 # 300 cases of one seed in chunks, so that pytest-xdist spreads them over the workers (about 1 s a case on one

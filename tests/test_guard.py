@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import eqsat
-from eqsat import guard
-from eqsat.measure import Comparison
-from eqsat.plan_life import Event, State
+from eqsat.numerics import guard
+from eqsat.numerics.measure import Comparison
+from eqsat.plans.plan_life import Event, State
 
 GUARDED = eqsat.Limits(guard_seconds=0.05, measure_seconds=0)
 

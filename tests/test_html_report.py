@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 import eqsat
-from eqsat import census
-from eqsat.extract import report
+from eqsat.census import census
 from eqsat.extract.changes import diff_regions, regions
 from eqsat.extract.plan import Plan
 from eqsat.extract.views import plan_program
+from eqsat.plans import plan_json
 from eqsat.tools import html_report
 from eqsat.tools.examples import EXAMPLES
 
@@ -51,7 +51,7 @@ def test_to_dot_looks_like_dot(plan):
 @pytest.mark.parametrize("loaded", [False, True])
 def test_to_html_is_one_self_contained_file(plan, tmp_path, loaded):
     if loaded:
-        plan = report.load_plan(report.save_plan(plan, tmp_path / "plan.json"))
+        plan = plan_json.load_plan(plan_json.save_plan(plan, tmp_path / "plan.json"))
     page = html_report.to_html(plan, tmp_path / "report.html").read_text()
     assert page.count('class="pane"') == 2 and "new ELK()" in page and "elk.bundled" not in page.split("<script>")[0]
     assert 'id="cost-summary"' in page and 'id="per-node"' in page and 'id="rules"' in page and 'id="regions"' in page

@@ -11,10 +11,10 @@ import pytest
 from jax import lax
 
 import eqsat
-from eqsat.capture import capture
-from eqsat.egraph_check import evaluate
+from eqsat.capture.jaxpr import capture
+from eqsat.egraph.check import evaluate
 from eqsat.extract import timing
-from eqsat.ops import OPS, ConvAttrs, infer
+from eqsat.ops.table import OPS, ConvAttrs, infer
 
 DIMS = ("NHWC", "HWIO", "NHWC")
 

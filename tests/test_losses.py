@@ -13,8 +13,8 @@ import optax
 import pytest
 
 import eqsat
-from eqsat.backends.kernels import keep_in_range, put_along, take_along
-from eqsat.capture import capture
+from eqsat.capture.jaxpr import capture
+from eqsat.ops.kernels import keep_in_range, put_along, take_along
 
 DEPTH = 1000  # large enough that the cost model sees the passes saved
 

@@ -1,5 +1,6 @@
 """Low precision (issue 26 item 5): bfloat16 and float16 elementwise chains computed in float32 and rounded once
-(extract/widen.py), lowered so (backends/lower.py) and judged against a float32 evaluation (eqsat/tolerance.py)."""
+(extract/widen.py), lowered so (backends/lower.py) and judged against a float32 evaluation
+(eqsat/numerics/tolerance.py)."""
 
 import warnings
 
@@ -10,7 +11,7 @@ import pytest
 
 import eqsat
 from eqsat.backends.lower import lower
-from eqsat.tolerance import NARROW_ULPS, narrow_less_accurate, ulps
+from eqsat.numerics.tolerance import NARROW_ULPS, narrow_less_accurate, ulps
 
 
 def _chain(x):

@@ -1,5 +1,5 @@
-"""Each option of eqsat.optimize is declared once, in eqsat.options.Options (its name, type, default and one-line doc):
-optimize's signatures, the command line's flags and the guide's table are held to the declarations here, and each
+"""Each option of eqsat.optimize is declared once, in eqsat.plans.options.Options (its name, type, default and one-line
+doc): optimize's signatures, the command line's flags and the guide's table are held to the declarations here, and each
 option keeps its name from the user down to the layer that spends it."""
 
 import argparse
@@ -14,18 +14,19 @@ import jax
 import jax.numpy as jnp
 
 import eqsat
-from eqsat import budget, plan_cache
 from eqsat.backends import memory
+from eqsat.checks import budget
 from eqsat.extract.cost import load_profile, profile_names
 from eqsat.extract.plan import build_plan
-from eqsat.options import OPTIONS, Options, ResolvedOptions, described, resolve
-from eqsat.signature import inputs_of, signature_of
+from eqsat.plans import plan_cache
+from eqsat.plans.options import OPTIONS, Options, ResolvedOptions, described, resolve
+from eqsat.plans.signature import inputs_of, signature_of
 from eqsat.tools.cli import optimize_options
 from eqsat.tools.main import command_line
 
 REPO = Path(__file__).resolve().parents[1]
 GUIDE = REPO / "docs" / "guide" / "optimize.md"
-TABLE_BEGIN = "<!-- the options: generated from eqsat.options.Options, tests/test_options_once.py checks it -->"
+TABLE_BEGIN = "<!-- the options: generated from eqsat.plans.options.Options, tests/test_options_once.py checks it -->"
 TABLE_END = "<!-- end of the options -->"
 
 
@@ -120,13 +121,13 @@ def test_the_command_line_passes_the_options_under_their_names():
 
 def _options_read() -> dict[str, set[str]]:
     """Each attribute read off a resolved options object (`x.options.NAME`, or `options.NAME` where a module
-    imports eqsat.options), with the modules that read it; options.py itself left out."""
+    imports eqsat.plans.options), with the modules that read it; options.py itself left out."""
     found: dict[str, set[str]] = {}
     for path in sorted(p for folder in ("eqsat", "extract", "backends") for p in (REPO / folder).rglob("*.py")):
         source = path.read_text()
         if path.name == "options.py":
             continue
-        by_name = "eqsat.options import" in source
+        by_name = "eqsat.plans.options import" in source
         for node in ast.walk(ast.parse(source)):
             if not isinstance(node, ast.Attribute):
                 continue

@@ -1,4 +1,4 @@
-"""A plan's life (eqsat/plan_life.py): real plans driven through every transition, and no transition but the
+"""A plan's life (eqsat/plans/plan_life.py): real plans driven through every transition, and no transition but the
 table's."""
 
 from pathlib import Path
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import eqsat
-from eqsat import guard
-from eqsat.plan_life import TRANSITIONS, Entry, Event, IllegalTransition, State, diagram
+from eqsat.numerics import guard
+from eqsat.plans.plan_life import TRANSITIONS, Entry, Event, IllegalTransition, State, diagram
 
 E, S = Event, State
 # the life as the architecture page draws it: a change here is a change of the design
@@ -175,5 +175,5 @@ def test_the_shared_index_of_states_follows_the_entries_own_moves():
 def test_the_architecture_page_draws_the_table():
     page = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
     assert f"```mermaid\n{diagram()}\n```" in page, (
-        "regenerate the diagram: python -c 'from eqsat.plan_life import diagram; print(diagram())'"
+        "regenerate the diagram: python -c 'from eqsat.plans.plan_life import diagram; print(diagram())'"
     )

@@ -1,4 +1,4 @@
-"""Plans kept across processes (eqsat/plan_store.py) and the bounded signature cache."""
+"""Plans kept across processes (eqsat/plans/plan_store.py) and the bounded signature cache."""
 
 import json
 import os
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import eqsat
-from eqsat import guard, plan_store
+from eqsat.numerics import guard
+from eqsat.plans import plan_store
 
 _CHILD = textwrap.dedent(
     """
@@ -269,7 +270,7 @@ def test_a_changed_body_plan_is_caught_and_set_aside(store_on):
 
 
 def test_the_signature_cache_can_be_listed_without_reordering_it():
-    from eqsat.lru import LRU
+    from eqsat.support.lru import LRU
 
     cache = LRU(2)
     cache["a"], cache["b"] = 1, 2

@@ -13,11 +13,11 @@ import pytest
 from jax import lax
 
 import eqsat
-from eqsat.capture import capture
-from eqsat.ir import Graph
-from eqsat.ops import OPS, ConvAttrs, infer
-from eqsat.rule_sources import collect
-from eqsat.saturate import Saturation, Snapshot, saturate
+from eqsat.capture.ir import Graph
+from eqsat.capture.jaxpr import capture
+from eqsat.egraph.rule_sources import collect
+from eqsat.egraph.saturate import Saturation, Snapshot, saturate
+from eqsat.ops.table import OPS, ConvAttrs, infer
 
 RNG = np.random.default_rng(0)
 NHWC = ("NHWC", "HWIO", "NHWC")

@@ -1,4 +1,4 @@
-"""Repeated layers are planned once (eqsat/repeats.py): found in the captured graph, planned as one block, and
+"""Repeated layers are planned once (eqsat/planning/repeats.py): found in the captured graph, planned as one block, and
 copied into every layer, with each layer's own inputs and provenance, and the same results as jax.jit."""
 
 import jax
@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import eqsat
-from eqsat import repeats
-from eqsat.capture import capture
+from eqsat.capture.jaxpr import capture
+from eqsat.planning import repeats
 
 D = 32
 

@@ -2,7 +2,7 @@
 beside the original's own error (issue 42 item 3): scaled by the output's largest value, a tail with every digit
 lost looked like rounding."""
 
-from eqsat.rule_sources import RuleSource
+from eqsat.egraph.rule_sources import RuleSource
 from eqsat.tools import domain
 
 # silu as x - x * sigmoid(-x): for very negative x, sigmoid(-x) rounds to 1 and the difference cancels

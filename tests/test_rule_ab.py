@@ -3,7 +3,7 @@
 import pytest
 
 from benches.rule_ab import without_rule
-from eqsat.rule_sources import RuleSource, builtin_groups, check_syntax, rule_names
+from eqsat.egraph.rule_sources import RuleSource, builtin_groups, check_syntax, rule_names
 
 
 def test_one_rule_is_blanked_out_of_its_group_and_the_group_still_parses():

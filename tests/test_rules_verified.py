@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from jax import lax
 
 from eqsat.__main__ import main
-from eqsat.ops import OPS
-from eqsat.rule_sources import REAL_MARK, RuleSource, collect, real_rules
-from eqsat.tolerance import rule_tolerance
+from eqsat.egraph.rule_sources import REAL_MARK, RuleSource, collect, real_rules
+from eqsat.numerics.tolerance import rule_tolerance
+from eqsat.ops.table import OPS
 from eqsat.tools.generators import GENERATORS, generators, programs
 from eqsat.tools.program import Program
 from eqsat.tools.verify import check_program, check_rules
@@ -104,7 +104,7 @@ def test_builtin_rules_all_fire_and_agree(capsys):
 
 
 def test_rules_no_generator_reaches_are_checked_on_their_own_pattern():
-    from eqsat.rule_sources import rules_in
+    from eqsat.egraph.rule_sources import rules_in
     from eqsat.tools.generators import pattern_programs
 
     for text, sound in [

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import eqsat
-from eqsat import saturate as saturation
-from eqsat.capture import capture
-from eqsat.rule_sources import RuleSource, collect
-from eqsat.saturate import Saturation, Snapshot, saturate
+from eqsat.capture.jaxpr import capture
+from eqsat.egraph import saturate as saturation
+from eqsat.egraph.rule_sources import RuleSource, collect
+from eqsat.egraph.saturate import Saturation, Snapshot, saturate
 from eqsat.tools.generators import programs
 from eqsat.tools.program import Program
 

@@ -1,4 +1,4 @@
-"""The op table's shape and dtype rules are sections of eqsat/shapes.egg that each entry names: the prelude they
+"""The op table's shape and dtype rules are sections of eqsat/ops/shapes.egg that each entry names: the prelude they
 make is the one the rules written in Python gave, every section serves an op, and a name or a file that is wrong
 fails when the table is built, naming the op or the file and line."""
 
@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from eqsat.encode import prelude
-from eqsat.errors import RuleError
-from eqsat.ops import OPS, OpSpec
-from eqsat.shape_rules import parse, shapes_file
+from eqsat.capture.encode import prelude
+from eqsat.ops.shape_rules import parse, shapes_file
+from eqsat.ops.table import OPS, OpSpec
+from eqsat.support.errors import RuleError
 
-# The prelude as eqsat/ops.py generated it from its Python rule strings, before they moved to eqsat/shapes.egg.
-# It pins every op's analysis rules, word for word and in order: regenerate it with
-# `python -c "from eqsat.encode import prelude; print(prelude())" > tests/data/prelude.egg` where a change to an op's
-# rules is meant.
+# The prelude as eqsat/ops/table.py generated it from its Python rule strings, before they moved to
+# eqsat/ops/shapes.egg. It pins every op's analysis rules, word for word and in order: regenerate it with
+# `python -c "from eqsat.capture.encode import prelude; print(prelude())" > tests/data/prelude.egg` where a change to an
+# op's rules is meant.
 FROZEN = Path(__file__).parent / "data" / "prelude.egg"
 
 

@@ -5,10 +5,10 @@ import jax
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eqsat.capture import capture
-from eqsat.ir import Graph, Node
-from eqsat.ops import OPS, infer
-from eqsat.saturate import Saturation, saturate
+from eqsat.capture.ir import Graph, Node
+from eqsat.capture.jaxpr import capture
+from eqsat.egraph.saturate import Saturation, saturate
+from eqsat.ops.table import OPS, infer
 from eqsat.tools.generators import programs
 from eqsat.tools.program import Program
 

@@ -3,7 +3,7 @@ original on inputs holding NaNs (first and last in a row, at and beside its maxi
 subnormals, the largest finite values, all-equal rows and the tails of elementwise functions
 (eqsat/tools/special.py), in float32, bfloat16 and float16. NaN positions, infinities and zeros' signs must be what
 the original gives, which is what jax.jit gives on this device; finite values within the rules' tolerance
-(eqsat/egraph_check.py check_egraph, `special`, says which elements of a sum are left to its order)."""
+(eqsat/egraph/check.py check_egraph, `special`, says which elements of a sum are left to its order)."""
 
 import zlib
 from collections.abc import Callable
@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from jax import lax
 
 import eqsat
-from eqsat.backends.cumulative import cumulative
-from eqsat.egraph_check import Disagreement
-from eqsat.ops import OPS, CumulativeAttrs
-from eqsat.rule_sources import collect, keeping, rule_names, rules_in
+from eqsat.egraph.check import Disagreement
+from eqsat.egraph.rule_sources import collect, keeping, rule_names, rules_in
+from eqsat.ops.cumulative import cumulative
+from eqsat.ops.table import OPS, CumulativeAttrs
 from eqsat.tools.generators import generators, pattern_programs, programs
 from eqsat.tools.program import Program, Shape
 from eqsat.tools.special import special_array, special_inputs
@@ -47,7 +47,7 @@ KNOWN: dict[str, str] = {
 
 # Rules fenced where their forms' special values differ from jax.jit's: watched by the overflow guard (marked
 # `; @real`: the plan's value is not finite wherever they differ, and the original then runs), computed as the
-# one-hot product itself where the operand holds an inf or NaN (backends/kernels.py take_rows, scatter_rows), or
+# one-hot product itself where the operand holds an inf or NaN (eqsat/ops/kernels.py take_rows, scatter_rows), or
 # narrowed to the convs where they agree (NARROWED: the rule must not fire on its case)
 NARROWED = {"few-channels-shifted"}
 FENCED = {
@@ -67,7 +67,7 @@ REACHING = {
 }  # fmt: skip
 
 # The stable composites (rules/stable.egg) are finite where the naive form's exp overflowed: their purpose, which
-# validation accepts too (eqsat/tolerance.py differs). Only where every other element agrees.
+# validation accepts too (eqsat/numerics/tolerance.py differs). Only where every other element agrees.
 STABLE_OPS = {"Softmax", "LogSumExp"}
 
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import eqsat
-from eqsat import planning, validate
+from eqsat.checks import validate
+from eqsat.planning import planner
 
 # an unsound rule: every plan it rewrites must be caught by validation, in whichever thread runs it first
 _BAD_RULE = '(rewrite (Tanh x) (Neg x) :name "bad-tanh")'
@@ -52,7 +53,7 @@ def test_threads_get_correct_results_and_each_plan_is_built_and_validated_once(
     rules: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     builds, compares, foreign = collections.Counter(), collections.Counter(), []
-    build, compare = planning.Planner.build, validate.results
+    build, compare = planner.Planner.build, validate.results
 
     def counted_build(self: Any, signature: Any, prepared: bool) -> Any:
         builds[signature.avals[0].shape] += 1
@@ -65,7 +66,7 @@ def test_threads_get_correct_results_and_each_plan_is_built_and_validated_once(
             foreign.append(shape)
         return compare(entry, flat, got, narrow)
 
-    monkeypatch.setattr(planning.Planner, "build", counted_build)
+    monkeypatch.setattr(planner.Planner, "build", counted_build)
     monkeypatch.setattr(validate, "results", counted_compare)
     fast = eqsat.optimize(_chain, rules=rules, limits=eqsat.Limits(blame_seconds=0, measure_seconds=0))
     sizes = list(range(40, 72, 4))

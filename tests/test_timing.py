@@ -17,7 +17,7 @@ import eqsat
 from eqsat.__main__ import main
 from eqsat.extract import timing
 from eqsat.extract.cost import Profile, load_profile, node_cost, node_key
-from eqsat.ops import ConvAttrs
+from eqsat.ops.table import ConvAttrs
 
 X = jnp.asarray(np.random.default_rng(0).standard_normal((2, 40, 40, 16)), jnp.float32)
 W = jnp.asarray(np.random.default_rng(1).standard_normal((3, 3, 1, 16)), jnp.float32)

@@ -11,9 +11,9 @@ import pytest
 import eqsat
 from eqsat.__main__ import main
 from eqsat.backends.memory import MemoryReport
+from eqsat.support.workload import Workload
 from eqsat.tools import tpu_check
 from eqsat.tools.examples import EXAMPLES
-from eqsat.workload import Workload
 
 tpu_check.quiet_libtpu()  # before this process's jax starts its backends, where it can: libtpu reads them once
 

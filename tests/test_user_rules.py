@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import eqsat
-from eqsat.capture import capture
-from eqsat.rule_sources import RuleSource, collect
-from eqsat.saturate import Saturation, saturate
+from eqsat.capture.jaxpr import capture
+from eqsat.egraph.rule_sources import RuleSource, collect
+from eqsat.egraph.saturate import Saturation, saturate
 
 NEVER_SATURATES = '(rule ((= e (Exp x))) ((union e (Exp (Neg (Neg x))))) :name "endless"{ruleset})'
 
@@ -61,7 +61,7 @@ def test_a_wrong_element_beside_large_ones_is_caught():
 
 
 def test_tolerance_is_per_element_with_a_small_share_of_the_scale():
-    from eqsat.tolerance import mismatch
+    from eqsat.numerics.tolerance import mismatch
 
     want = np.array([1e4, 3.0, 1e-3], np.float32)
     assert mismatch([want], [want * np.float32(1 + 1e-3)]) is None  # within rtol of each element
@@ -75,7 +75,7 @@ def test_tolerance_is_per_element_with_a_small_share_of_the_scale():
 
 
 def test_inf_and_nan_outputs_compare_without_numpy_warnings():
-    from eqsat.tolerance import mismatch
+    from eqsat.numerics.tolerance import mismatch
 
     want = np.array([np.inf, -np.inf, np.nan, 1.0], np.float32)
     with warnings.catch_warnings():
@@ -110,7 +110,7 @@ def test_a_rule_without_a_name_is_refused_with_file_and_line(tmp_path):
 
 
 def test_validation_allows_what_the_original_leaves_undetermined_and_no_more():
-    from eqsat.tolerance import beyond_conditioning, mismatch
+    from eqsat.numerics.tolerance import beyond_conditioning, mismatch
 
     a, v = jnp.linspace(-1, 1, 32 * 32).reshape(32, 32), jnp.linspace(0, 1, 32 * 4).reshape(32, 4)
     original = jax.jit(lambda a, v: [jnp.tanh((a @ a) @ v)])
@@ -130,7 +130,7 @@ def test_validation_allows_what_the_original_leaves_undetermined_and_no_more():
 
 @pytest.mark.parametrize("seed", [5, 9, 14, 15])  # the flips two perturbations missed, before there were more
 def test_a_gradient_whose_relu_mask_flipped_at_the_kink_is_accepted_and_a_wrong_one_is_not(seed):
-    from eqsat.tolerance import beyond_conditioning, less_accurate
+    from eqsat.numerics.tolerance import beyond_conditioning, less_accurate
 
     # a pre-activation within rounding of relu's kink: a plan that sums it in another order may flip its mask, and
     # the gradient moves by a whole term; so does the original's for inputs an ulp away (MobileNetV2's training
@@ -150,7 +150,7 @@ def test_a_gradient_whose_relu_mask_flipped_at_the_kink_is_accepted_and_a_wrong_
 
 
 def test_a_result_that_differs_from_the_original_but_is_as_accurate_is_accepted_and_a_wrong_one_is_not():
-    from eqsat.tolerance import beyond_conditioning, less_accurate
+    from eqsat.numerics.tolerance import beyond_conditioning, less_accurate
 
     # each 1 added to 1e8 is lost in float32, so the original returns 0; re-associated, (b0+b1+b2+b3) + (a-a) is
     # the exact 4. Perturbing the inputs by ulps moves the original not at all: only a float64 evaluation tells
@@ -170,7 +170,7 @@ def test_a_result_that_differs_from_the_original_but_is_as_accurate_is_accepted_
 
 
 def test_a_well_determined_element_3x_off_stays_refused_by_the_float64_reference():
-    from eqsat.tolerance import beyond_conditioning, less_accurate
+    from eqsat.numerics.tolerance import beyond_conditioning, less_accurate
 
     a, v = jnp.linspace(-1, 1, 32 * 32).reshape(32, 32), jnp.linspace(0, 1, 32 * 4).reshape(32, 4)
     original = jax.jit(lambda a, v: [jnp.tanh((a @ a) @ v)])

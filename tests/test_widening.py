@@ -1,12 +1,12 @@
-"""The float64 reference validation judges accuracy against (eqsat/widening.py): programs with float32 constants,
-scatters and loops evaluated in float64, their own bfloat16 quantization kept."""
+"""The float64 reference validation judges accuracy against (eqsat/numerics/widening.py): programs with float32
+constants, scatters and loops evaluated in float64, their own bfloat16 quantization kept."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from eqsat.widening import widened
+from eqsat.numerics.widening import widened
 
 F64 = np.dtype(np.float64)
 
@@ -52,7 +52,7 @@ def test_an_exact_result_the_float64_evaluation_rounds_to_zero_is_accepted():
     # (exp(x) rounds to 1); eqsat's stable logsumexp gives x itself, exactly. The float64 reference is blurred there
     # by its own rounding (about 2e-16: exp's result an ulp up moves the log by that), which the plan's error of 1e-31
     # is far within; an error of 1e-3 is not
-    from eqsat.tolerance import beyond_conditioning, less_accurate
+    from eqsat.numerics.tolerance import beyond_conditioning, less_accurate
 
     x = jnp.asarray([[2.23e-31], [-1.3e-31], [5e-33]], jnp.float32)
     original = jax.jit(jax.checkpoint(lambda x: [jnp.log(jnp.sum(jnp.exp(x), -1))]))

@@ -10,7 +10,7 @@ residual + LayerNorm, a 4096-wide GELU FFN, residual + LayerNorm.
 import jax
 
 from benches.models import layers as L
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 CONFIGS = {
     "full": {"seq": 64, "dim": 1024, "heads": 16, "layers": 8, "ffn": 4096},

@@ -10,7 +10,7 @@ Tensat model; added as a contemporary workload.
 import jax
 
 from benches.models import layers as L
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 CONFIGS = {
     "full": {"seq": 128, "dim": 1024, "heads": 16, "kv_heads": 4, "mlp": 2816, "blocks": 2},

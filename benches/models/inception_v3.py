@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from benches.models import layers as L
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 CONFIGS = {
     "full": {"size": 299, "div": 1, "a": 3, "c": 4, "e": 2, "classes": 1000},

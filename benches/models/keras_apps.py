@@ -6,7 +6,7 @@ from typing import Any
 import jax
 
 from benches.models.random_init import SEED, init_scope, normal, params_workload
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 
 def keras_app(name: str, app: str, size: int = 224, batch: int = 1) -> Workload:

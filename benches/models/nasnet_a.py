@@ -12,7 +12,7 @@ NASNet; TASO's leading identity 1x1 max pool is omitted.
 import jax
 
 from benches.models import layers as L
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 CONFIGS = {
     "full": {"size": 56, "channels": 128, "stages": 3, "normal": 5},

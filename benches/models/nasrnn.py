@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from benches.models import layers as L
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 CONFIGS = {
     "full": {"hidden": 512, "steps": 5},

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 SEED = 0
 

@@ -13,7 +13,7 @@ from benches.models import (
     train_step,
     vgg19,
 )
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 MODELS: dict[str, Callable[[str], Workload]] = {
     "bert": bert.build,

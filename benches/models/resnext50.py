@@ -10,7 +10,7 @@ and the network ends in global average pooling and a 1000-way classifier.
 import jax
 
 from benches.models import layers as L
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 CONFIGS = {
     "full": {

@@ -10,7 +10,7 @@ pool. Convs carry biases and ReLU; there is no batch norm. Dropout is omitted.
 import jax
 
 from benches.models import layers as L
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 # (squeeze, expand) channels of fires 2..9; a max pool precedes fires 2, 4 and 6.
 FIRES = ((16, 64), (16, 64), (32, 128), (32, 128), (48, 192), (48, 192), (64, 256), (64, 256))

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from benches.models import layers as L
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 CONFIGS = {
     "full": {"vocab": 1000, "dim": 256, "seq": 64, "layers": 4, "heads": 4, "batch": 8},

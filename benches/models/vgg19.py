@@ -9,7 +9,7 @@ dropout (inference).
 import jax
 
 from benches.models import layers as L
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 STAGES = ((64, 2), (128, 2), (256, 4), (512, 4), (512, 4))
 

@@ -2,7 +2,7 @@
 
     python -m eqsat calibrate [--seconds 60] [--out PATH]
 
-What is measured, each as the median of repeated jitted calls (eqsat.measure.median_time):
+What is measured, each as the median of repeated jitted calls (eqsat.numerics.measure.median_time):
 - the fixed cost of one jitted call (a tiny elementwise op), subtracted from every other figure;
 - GEMM throughput per dtype at a few sizes (the best is the peak), and how GEMVs and small GEMMs do;
 - convolution throughput (NHWC x HWIO) on a few typical layer shapes;
@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 
 from eqsat.extract.cost import Profile, calibrated_path, load_bundled
-from eqsat.measure import median_time
+from eqsat.numerics.measure import median_time
 
 _GEMM_SIZES = (256, 512, 1024)
 _GEMV_SHAPES = ((1, 1024, 1024), (1, 2048, 2048), (8, 1024, 1024), (64, 512, 512))  # (M, K, N)

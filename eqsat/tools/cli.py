@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from eqsat.errors import EqsatError
-from eqsat.options import EXTRACTORS, OPTIONS, Limits, described
+from eqsat.plans.options import EXTRACTORS, OPTIONS, Limits, described
+from eqsat.support.errors import EqsatError
 
 EPILOG = """\
 examples:
@@ -27,7 +27,7 @@ examples:
 
 The function is captured, saturated under the rules, and the cheapest plan for the target extracted and
 validated against the original on the example arguments. Without --args, MODULE:FUNCTION must be a factory
-that takes no arguments and returns a eqsat.workload.Workload (function and example arguments together).
+that takes no arguments and returns a eqsat.support.workload.Workload (function and example arguments together).
 """
 
 # Short dtype names people write in shape specs, and numpy's full names (float32, int8, ...) also work.
@@ -59,7 +59,7 @@ class ArgSpec:
     shape: tuple[int, ...]
 
     def example(self, seed: int) -> np.ndarray:
-        from eqsat.sample import example_array
+        from eqsat.numerics.sample import example_array
 
         return example_array(self.shape, self.dtype, np.random.default_rng(seed))
 
@@ -95,7 +95,7 @@ def number(kind: type[int] | type[float], least: float, *, above: bool = False) 
 
 
 # How the command line parses each option of eqsat.optimize it takes; each flag's name, default and help are the
-# option's own (eqsat.options.Options), so that they cannot drift from optimize's (tests/test_options_once.py)
+# option's own (eqsat.plans.options.Options), so that they cannot drift from optimize's (tests/test_options_once.py)
 _PARSED: dict[str, dict[str, Any]] = {
     "target": {"metavar": "PROFILE"},
     "rules": {"nargs": "+", "metavar": "FILE"},
@@ -191,7 +191,7 @@ def _bench(name: str, scale: str) -> Any:
 
 def workload(args: argparse.Namespace) -> Any:
     """The Workload the options name: a benchmark, a function with --args, or a factory returning one."""
-    from eqsat.workload import Workload
+    from eqsat.support.workload import Workload
 
     if (args.bench is None) == (args.function is None):
         raise UsageError("give either MODULE:FUNCTION or --bench NAME (one, not both)")
@@ -213,7 +213,7 @@ def workload(args: argparse.Namespace) -> Any:
         ) from None
     if not isinstance(made, Workload):
         raise UsageError(
-            f"{args.function}() returned a {type(made).__name__}, not a eqsat.workload.Workload; to optimize "
+            f"{args.function}() returned a {type(made).__name__}, not a eqsat.support.workload.Workload; to optimize "
             "the function itself, describe its arguments with --args"
         )
     return made
@@ -268,10 +268,10 @@ def _optimize(args: argparse.Namespace) -> int:
     import jax
 
     import eqsat
-    from eqsat import progress
-    from eqsat.extract import report
-    from eqsat.measure import interleaved
-    from eqsat.signature import merge_params
+    from eqsat.numerics.measure import interleaved
+    from eqsat.plans import plan_json
+    from eqsat.plans.signature import merge_params
+    from eqsat.support import progress
     from eqsat.tools import html_report
 
     target_profile(args.target)
@@ -303,7 +303,7 @@ def _optimize(args: argparse.Namespace) -> int:
         print(memory.summary())
     if timing is not None:
         print(f"  measured         {timing}  (jax.jit time / eqsat time)")
-    for path, write in ((args.json, report.save_plan), (args.html, html_report.to_html)):
+    for path, write in ((args.json, plan_json.save_plan), (args.html, html_report.to_html)):
         if path:
             print(f"wrote {write(plan, path)}")
     if args.dot:
@@ -393,7 +393,7 @@ def _add_optimize_options(p: argparse.ArgumentParser, how: Any) -> None:
     )
     add_options(how, "validate", note=": the plan is not run against the original on the example arguments")
     out = p.add_argument_group("what to show and keep")
-    out.add_argument("--json", metavar="OUT.json", help="save the plan (reload with extract.report.load_plan)")
+    out.add_argument("--json", metavar="OUT.json", help="save the plan (reload with eqsat.plans.plan_json.load_plan)")
     out.add_argument("--html", metavar="OUT.html", help="self-contained report: both graphs and per-node costs")
     out.add_argument("--dot", metavar="OUT.dot", help="the plan as Graphviz DOT (dot -Tsvg OUT.dot > plan.svg)")
     out.add_argument("--memory", action="store_true", help="also print the plan's memory: liveness, arena, XLA's")
@@ -410,7 +410,7 @@ def _add_optimize_options(p: argparse.ArgumentParser, how: Any) -> None:
 
 def _tpu_check(args: argparse.Namespace) -> int:
     """The tpu-check command: the original and the plan compiled for a TPU, deviceless; 1 where either fails."""
-    from eqsat import progress
+    from eqsat.support import progress
     from eqsat.tools import tpu_check
 
     tpu_check.quiet_libtpu()  # before the example arguments start jax's backends

@@ -52,8 +52,8 @@ def _measured_here(budget: float) -> Any:
 
 def _warm(args: argparse.Namespace) -> int:
     import eqsat
-    from eqsat import progress
     from eqsat.extract import timing
+    from eqsat.support import progress
 
     profile = target_profile(args.target)
     work = workload(args)
@@ -113,9 +113,10 @@ def keep_compiled() -> None:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    """The profile command: the kernel census of one function (eqsat/census.py)."""
+    """The profile command: the kernel census of one function (eqsat/census/census.py)."""
     import eqsat
-    from eqsat import census, progress
+    from eqsat.census import census
+    from eqsat.support import progress
     from eqsat.tools import html_report
 
     target_profile(args.target)
@@ -158,6 +159,6 @@ def add_profile_command(commands: Any) -> None:
         default=1.0,
         help="seconds timing the program end to end (default 1; 0: the kernels alone, nothing compiled whole)",
     )
-    p.add_argument("--json", metavar="OUT.json", help="save the census (eqsat.census.load_census reads it)")
+    p.add_argument("--json", metavar="OUT.json", help="save the census (eqsat.census.census.load_census reads it)")
     p.add_argument("--html", metavar="OUT.html", help="the plan's report with the census drawn as a chart")
     p.set_defaults(run=reporting("profile", _profile))

@@ -15,12 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from eqsat.capture import capture
-from eqsat.egraph_check import _propagate
-from eqsat.rule_sources import ROUNDING_MARK, RuleSource, keeping, real_rules
-from eqsat.saturate import Saturation, saturate
-from eqsat.tolerance import ACCURACY_FACTOR
-from eqsat.widening import widened
+from eqsat.capture.jaxpr import capture
+from eqsat.egraph.check import _propagate
+from eqsat.egraph.rule_sources import ROUNDING_MARK, RuleSource, keeping, real_rules
+from eqsat.egraph.saturate import Saturation, saturate
+from eqsat.numerics.tolerance import ACCURACY_FACTOR
+from eqsat.numerics.widening import widened
 
 # the elementwise functions models use, where a rule that re-forms an activation fires
 FUNCTIONS: dict[str, Callable[[jax.Array], jax.Array]] = {

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from eqsat.workload import Workload
+from eqsat.support.workload import Workload
 
 
 def _conv(x: jax.Array, w: jax.Array) -> jax.Array:

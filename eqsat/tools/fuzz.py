@@ -7,7 +7,7 @@ float16 and int32, with their inputs packed as pytrees, their results as a dict 
 in a scan, cond, fori_loop or remat body or left straight. Each is optimized with random options (target,
 extractor, parameters declared) and run under one transformation: eagerly, under jit, vmap or grad, inside a scan
 body, with its parameters prepared, as the gradient program optimize(jax.grad(loss)), or eagerly with the plan left
-to the background (eqsat/background.py) and the call after it is ready checked, or vmapped over rows through
+to the background (eqsat/support/background.py) and the call after it is ready checked, or vmapped over rows through
 `Buckets` at batch sizes that are padded and one that is not (half the programs mixing rows, which must run
 unpadded); the first call is eager or transformed, and the other kind of call follows; then both again, the plans in
 place, on the arguments with NaN, infinities, signed zeros and subnormals written over a few elements (a later call
@@ -35,10 +35,10 @@ import numpy as np
 from jax import lax
 
 from eqsat.api import optimize
-from eqsat.buckets import Buckets
-from eqsat.errors import EqsatWarning
-from eqsat.options import Limits
-from eqsat.tolerance import beyond_conditioning, comparable, less_accurate, mismatch
+from eqsat.numerics.tolerance import beyond_conditioning, comparable, less_accurate, mismatch
+from eqsat.plans.buckets import Buckets
+from eqsat.plans.options import Limits
+from eqsat.support.errors import EqsatWarning
 from eqsat.tools.fuzz_cases import Case, case_arguments, case_function, draw_case, special_values
 
 # small: a case must take well under a second; validation's blame search is what a failure costs, so it is short

@@ -28,7 +28,7 @@ BODIES = ("straight", "straight", "scan", "cond", "fori", "remat", "layers")
 TARGETS = ("cpu", "h100", "tpu-v5e")
 EXTRACTORS = ("greedy", "ilp", "auto")
 _FLOAT_ONLY = ("grad", "optimize-grad")  # transformations that differentiate
-_LAYERS = 5  # copies of the program in a "layers" body: enough for eqsat/repeats.py to plan them as one block
+_LAYERS = 5  # copies of the program in a "layers" body: enough for eqsat/planning/repeats.py to plan them as one block
 
 
 @dataclass

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import strategies as st
 from jax.lax import convert_element_type
 
-from eqsat.backends.cumulative import KINDS, cumulative
-from eqsat.ops import OPS, CumulativeAttrs, OpSpec
+from eqsat.ops.cumulative import KINDS, cumulative
+from eqsat.ops.table import OPS, CumulativeAttrs, OpSpec
 from eqsat.tools.gen_algebra import ALGEBRA
 from eqsat.tools.gen_conv import CONV
 from eqsat.tools.gen_losses import LOSSES

@@ -1,8 +1,8 @@
 """Plans drawn: a self-contained HTML report and Graphviz DOT.
 
 The report lays out both programs in the browser with ELK (the Eclipse Layout Kernel, vendored under
-extract/vendor and inlined, so the file opens offline), grouped into collapsible clusters by jax name stack, the
-changed regions highlighted and listed region by region; pan by dragging, zoom with the wheel, hover a node for
+eqsat/tools/assets/vendor and inlined, so the file opens offline), grouped into collapsible clusters by jax name stack,
+the changed regions highlighted and listed region by region; pan by dragging, zoom with the wheel, hover a node for
 its cost and source line.
 """
 
@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from eqsat.census import Census
+from eqsat.census.census import Census
 from eqsat.extract import provenance
 from eqsat.extract.changes import Region, format_metric, plan_summary, program_difference, ranked_ops, regions
 from eqsat.extract.cost import Cost
@@ -280,7 +280,7 @@ CENSUS_ROWS = 24
 
 
 def _census_section(found: Census) -> tuple[list[str], dict[str, Any]]:
-    """The census (eqsat/census.py) as a chart report.js draws (time per kernel class, every occurrence: measured
+    """The census (eqsat/census/census.py) as a chart report.js draws (time per kernel class, every occurrence: measured
     alone, its roofline, the chosen alternative's beside it) and a table of its summary lines."""
     ranked = sorted(found.kernels, key=lambda k: -(k.total_s or 0.0))
     rows = []
@@ -328,7 +328,7 @@ def to_html(
 ) -> Path:
     """Write a self-contained HTML report and return its path: the plan against its original program, or, with
     `versus`, the two plans (two targets, two rule sets) against each other, region by region. `census`: the
-    program's kernel census (eqsat/census.py), drawn first as a chart."""
+    program's kernel census (eqsat/census/census.py), drawn first as a chart."""
     first, second, names, title, found = _sides(plan, versus, labels)
     only_first, only_second = unmatched(first, second)
     only_second |= {i for i, n in enumerate(second.nodes) if n.rewritten and versus is None}
@@ -391,8 +391,8 @@ def _sides(
 
 def _page(title: str, body: list[str], graphs: dict[str, Any], census_data: Any) -> str:
     """The self-contained page: the body, the graphs' (and census's, where given) data and the scripts inlined."""
-    vendor = resources.files("eqsat.extract")
-    scripts = (vendor / "vendor" / "elk.bundled.js").read_text() + "\n" + (vendor / "report.js").read_text()
+    assets = resources.files("eqsat.tools") / "assets"
+    scripts = (assets / "vendor" / "elk.bundled.js").read_text() + "\n" + (assets / "report.js").read_text()
     census_json = _script_json(census_data) if census_data is not None else None
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eqsat.progress import configure_logging, live_progress
+from eqsat.support.progress import configure_logging, live_progress
 from eqsat.tools.cli import (
     UsageError,
     add_common_flags,
@@ -41,9 +41,9 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def compare_plans(args: argparse.Namespace) -> int:
-    from eqsat.census import is_census
+    from eqsat.census.census import is_census
     from eqsat.extract.changes import compare
-    from eqsat.extract.report import PlanFormatError, load_plan
+    from eqsat.plans.plan_json import PlanFormatError, load_plan
 
     censuses = [path for path in args.plans if is_census(path)]
     paths = [path for path in args.plans if path not in censuses]
@@ -74,7 +74,7 @@ def compare_plans(args: argparse.Namespace) -> int:
 
 def compare_censuses(paths: list[str]) -> int:
     """Print one census, or two side by side (`python -m eqsat profile --json` saves them); 2 for more."""
-    from eqsat.census import echo, load_census, side_by_side
+    from eqsat.census.census import echo, load_census, side_by_side
 
     found = [load_census(path) for path in paths]
     if len(found) > 2:
@@ -163,7 +163,7 @@ def _add_compare(commands: Any) -> None:
     p = _command(
         commands,
         "compare",
-        "print saved plans (JSON from extract.report.save_plan) or censuses (profile --json) side by side",
+        "print saved plans (JSON from eqsat.plans.plan_json.save_plan) or censuses (profile --json) side by side",
         "python -m eqsat compare bert_cpu.json bert_h100.json   # costs, kernels, rules, regions that differ\n"
         "python -m eqsat compare bert_cpu.json bert_h100.json --html cpu_vs_h100.html\n"
         "python -m eqsat compare mine.census.json theirs.census.json   # two censuses, kernel class by class",

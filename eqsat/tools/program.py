@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import strategies as st
 from jax import lax
 
-from eqsat.sample import example_array
+from eqsat.numerics.sample import example_array
 
 Shape = tuple[int, ...]
 

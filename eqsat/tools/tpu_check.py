@@ -19,10 +19,10 @@ import jax
 import eqsat
 from eqsat.backends.lower import lower
 from eqsat.backends.memory import MemoryReport, figure_of, memory_report
-from eqsat.errors import EqsatError
 from eqsat.extract.cost import Cost
 from eqsat.extract.plan import Plan
-from eqsat.workload import Workload
+from eqsat.support.errors import EqsatError
+from eqsat.support.workload import Workload
 
 TOPOLOGY = "v5e:2x2"
 TARGET = "tpu-v5e"

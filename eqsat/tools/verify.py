@@ -1,6 +1,6 @@
 """Rule verification: every equality a rule adds must hold on concrete values.
 
-check_egraph (eqsat/egraph_check.py) evaluates every e-node of a saturated e-graph on concrete inputs and
+check_egraph (eqsat/egraph/check.py) evaluates every e-node of a saturated e-graph on concrete inputs and
 compares it with its e-class's value. check_rules does that over random programs (eqsat/tools/generators.py: hypothesis
 strategies, one small entry per op or rule pattern) saturated with the rules under test, and counts how often each
 rule fired.
@@ -17,12 +17,21 @@ import jax
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from eqsat.capture import capture
-from eqsat.egraph_check import Disagreement, check_egraph
-from eqsat.errors import EqsatError
-from eqsat.ir import Graph
-from eqsat.rule_sources import REAL_MARK, RuleSource, builtin_groups, collect, keeping, real_rules, rule_names, rules_in
-from eqsat.saturate import Saturation, Snapshot, saturate
+from eqsat.capture.ir import Graph
+from eqsat.capture.jaxpr import capture
+from eqsat.egraph.check import Disagreement, check_egraph
+from eqsat.egraph.rule_sources import (
+    REAL_MARK,
+    RuleSource,
+    builtin_groups,
+    collect,
+    keeping,
+    real_rules,
+    rule_names,
+    rules_in,
+)
+from eqsat.egraph.saturate import Saturation, Snapshot, saturate
+from eqsat.support.errors import EqsatError
 from eqsat.tools import domain
 from eqsat.tools.generators import generators, pattern_programs, programs
 from eqsat.tools.program import Program

@@ -6,14 +6,15 @@ from typing import Any
 import jax
 
 import eqsat
-from eqsat import guard
-from eqsat.measure import Comparison, interleaved
-from eqsat.workload import Workload
+from eqsat.numerics import guard
+from eqsat.numerics.measure import Comparison, interleaved
+from eqsat.support.workload import Workload
 
 
 def settled(fast: eqsat.Optimized, args: tuple) -> eqsat.Plan:
-    """The plan for args once the guard has decided: called until live calls stop measuring it (eqsat/guard.py),
-    so that what is timed next is what runs from then on, not the calls that take turns running both programs."""
+    """The plan for args once the guard has decided: called until live calls stop measuring it
+    (eqsat/numerics/guard.py), so that what is timed next is what runs from then on, not the calls that take turns
+    running both programs."""
     plan = fast.plan(*args)
     for _ in range(2 * guard.LIVE_ROUNDS):
         if not (plan.measured or {}).get("live"):

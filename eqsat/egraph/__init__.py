@@ -1,0 +1,1 @@
+"""The e-graph: rules from data files, saturation with egglog, and checking an e-graph against values."""

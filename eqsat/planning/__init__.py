@@ -1,0 +1,1 @@
+"""Planning one signature: capture, saturate, extract, tune; and planning's answers to a refusal."""

@@ -1,0 +1,1 @@
+"""Support every layer uses: errors, background threads, worker processes, progress, small caches."""
