@@ -27,7 +27,7 @@ def keras_mobilenetv2() -> Workload:
 
 
 def keras_mobilenetv2_batch2() -> Workload:
-    """At the batch of the census's acceptance (issue 28): `python -m eqsat profile benches.real_models:...`."""
+    """At the batch of the census's acceptance (issue 28): `python -m eqsat census benches.real_models:...`."""
     return keras_app("keras_mobilenetv2_batch2", "MobileNetV2", batch=2)
 
 

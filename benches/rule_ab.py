@@ -3,7 +3,7 @@ one, built and timed in one process, interleaved (then the plan against jax.jit)
 
     python -m benches.rule_ab benches.real_models:keras_efficientnetb0_batch2 --rule pointwise-conv-dot
 
-FACTORY is a zero-argument function returning an eqsat.support.workload.Workload (as `python -m eqsat profile` takes).
+FACTORY is a zero-argument function returning an eqsat.support.workload.Workload (as `python -m eqsat census` takes).
 """
 
 import argparse

@@ -10,7 +10,7 @@ import inspect
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import jax
 
@@ -21,6 +21,9 @@ from eqsat.dispatch.prepare import prepare
 from eqsat.extract.plan import Plan
 from eqsat.plans.buckets import Buckets, PaddedCall, Padding
 from eqsat.plans.options import OPTIONS, Limits, Options, ResolvedOptions, options_help, resolve
+
+if TYPE_CHECKING:
+    from eqsat.census.census import Census
 
 
 class Optimized:
@@ -107,15 +110,15 @@ class Optimized:
         _, signature = self._calls.signature(args, kwargs)
         return self._calls.entry(signature, bool(self.options.params_argnums) if prepared is None else prepared).plan
 
-    def profile(self, *args: Any, measure_seconds: float | None = None, seconds: float = 1.0) -> Any:
+    def census(self, *args: Any, measure_seconds: float | None = None, seconds: float = 1.0) -> "Census":
         """The kernel census at these arguments (eqsat/census/census.py): every kernel of the program timed alone
         against its roofline, the alternatives the plan chose, the program end to end; prints as a table, saves as JSON.
         `measure_seconds`: measuring new kernels at most (default Limits.measure_seconds); `seconds`: timing the
         program end to end (0: not timed)."""
-        from eqsat.census import census  # imported where it is used: planning and calls never load it
+        from eqsat.census.census import census_of  # imported where it is used: planning and calls never load it
 
         args, _, _ = self._padded(args, {})
-        return census.profile(self, args, self._calls.programs, measure_seconds, seconds)
+        return census_of(self, args, self._calls.programs, measure_seconds, seconds)
 
     def memory(self, *args: Any, **kwargs: Any) -> MemoryReport:
         """Memory of the plan for these arguments: liveness, best-fit arena, lower bound, a memory-aware order

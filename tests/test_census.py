@@ -67,7 +67,7 @@ def _kernel(found: census.Census, name: str) -> census.Kernel:
 
 
 def test_depthwise_conv_names_its_alternative_and_what_the_plan_saved():
-    found = eqsat.optimize(depthwise).profile(*_depthwise_args())
+    found = eqsat.optimize(depthwise).census(*_depthwise_args())
     conv = _kernel(found, "Conv")
     assert conv.alternatives == ("ShiftConv",)
     assert (conv.chosen, conv.chosen_count) == ("ShiftConv", 1)  # 1 ms against 13 us (the switch margin on top)
@@ -78,7 +78,7 @@ def test_depthwise_conv_names_its_alternative_and_what_the_plan_saved():
 
 
 def test_opaque_primitive_is_listed_and_counted_as_untouched():
-    found = eqsat.optimize(depthwise).profile(*_depthwise_args())
+    found = eqsat.optimize(depthwise).census(*_depthwise_args())
     sort = _kernel(found, "sort")
     assert sort.kind == "opaque" and sort.alternatives == () and sort.measured_s is not None
     assert found.opaque_s == pytest.approx(sort.total_s)
@@ -87,7 +87,7 @@ def test_opaque_primitive_is_listed_and_counted_as_untouched():
 
 
 def test_identical_kernels_are_grouped_with_their_count():
-    found = eqsat.optimize(two_layers).profile(*_two_layer_args())
+    found = eqsat.optimize(two_layers).census(*_two_layer_args())
     dot = _kernel(found, "Dot")
     assert dot.count == 2 and dot.measured_s == OTHER_S and dot.total_s == pytest.approx(2 * OTHER_S)
     assert [k.count for k in found.kernels if k.kind == "fused"] == [2]  # the two tanh loops: one class
@@ -97,7 +97,7 @@ def test_kernels_cover_the_program_so_shares_add_up():
     """Every op of the program is in exactly one kernel: their rooflines add up to the program's."""
     fast = eqsat.optimize(two_layers)
     args = _two_layer_args()
-    found = fast.profile(*args)
+    found = fast.census(*args)
     graph, profile = fast.plan(*args).graph, load_profile("cpu")
     whole = sum(
         node_cost(n.op, [graph.nodes[j].shape for j in n.inputs], n.shape, n.dtype, profile, n.attrs).seconds
@@ -112,24 +112,24 @@ def test_kernels_cover_the_program_so_shares_add_up():
 
 def test_kernels_in_the_timing_cache_cost_nothing_and_the_budget_bounds_the_rest():
     args = _depthwise_args()
-    first = eqsat.optimize(depthwise, limits=eqsat.Limits(measure_seconds=0)).profile(*args)
+    first = eqsat.optimize(depthwise, limits=eqsat.Limits(measure_seconds=0)).census(*args)
     assert first.measured == 0 and all(k.measured_s is None for k in first.kernels)  # no budget: listed, untimed
     assert "-" in str(first)
-    second = eqsat.optimize(depthwise).profile(*args)
+    second = eqsat.optimize(depthwise).census(*args)
     assert second.measured > 0 and second.skipped == 0
-    third = eqsat.optimize(depthwise).profile(*args)
+    third = eqsat.optimize(depthwise).census(*args)
     assert third.measured == 0 and third.cached == second.cached + second.measured
 
 
 def test_json_round_trip(tmp_path):
-    found = eqsat.optimize(depthwise).profile(*_depthwise_args())
+    found = eqsat.optimize(depthwise).census(*_depthwise_args())
     again = census.load_census(found.save(tmp_path / "census.json"))
     assert again == found and str(again) == str(found)
 
 
 def test_cli_profile_prints_the_table_and_saves_json(tmp_path, capsys):
     out = tmp_path / "census.json"
-    argv = ["profile", "test_census:depthwise", "--args", "f32[2,16,16,8]", "f32[3,3,1,8]", "--seconds", "0.1"]
+    argv = ["census", "test_census:depthwise", "--args", "f32[2,16,16,8]", "f32[3,3,1,8]", "--seconds", "0.1"]
     assert main([*argv, "--json", str(out), "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert "census of depthwise" in printed and "ShiftConv x1" in printed and "sort" in printed
@@ -141,15 +141,15 @@ def test_cli_profile_plans_with_its_budget_at_these_very_shapes(monkeypatch):
     built = []
     optimize = eqsat.optimize
     monkeypatch.setattr(eqsat, "optimize", lambda *a, **k: built.append(k["limits"]) or optimize(*a, **k))
-    argv = ["profile", "test_census:depthwise", "--args", "f32[2,16,16,8]", "f32[3,3,1,8]", "--seconds", "0"]
+    argv = ["census", "test_census:depthwise", "--args", "f32[2,16,16,8]", "f32[3,3,1,8]", "--seconds", "0"]
     assert main([*argv, "--budget", "7", "--no-progress"]) == 0
     assert [(limits.measure_seconds, limits.timing_transfer) for limits in built] == [(7.0, 0.0)]
 
 
 def test_compare_shows_two_censuses_side_by_side(tmp_path, capsys):
     args = _depthwise_args()
-    found = eqsat.optimize(depthwise).profile(*args)
-    kept = eqsat.optimize(depthwise, disabled_rules=("kernels",)).profile(*args)  # no alternative kernels
+    found = eqsat.optimize(depthwise).census(*args)
+    kept = eqsat.optimize(depthwise, disabled_rules=("kernels",)).census(*args)  # no alternative kernels
     assert kept.kernels[0].alternatives == () and not kept.kernels[0].chosen
     paths = [str(found.save(tmp_path / "a.json")), str(kept.save(tmp_path / "b.json"))]
     assert main(["compare", *paths]) == 0
@@ -181,7 +181,7 @@ def test_a_kernel_too_fast_to_time_is_priced_at_most_two_calls_overhead(monkeypa
     def rows(table: jnp.ndarray, ids: jnp.ndarray) -> jnp.ndarray:
         return jnp.take(table, ids, axis=0, mode="clip") * 2.0
 
-    found = eqsat.optimize(rows).profile(jnp.ones((200_000, 64)), jnp.arange(4))
+    found = eqsat.optimize(rows).census(jnp.ones((200_000, 64)), jnp.arange(4))
     bound = timing.too_fast_s()
     assert any(k.roofline_s > 10 * bound for k in found.kernels)  # the table's read, as the roofline prices it
     assert all(k.measured_s is not None and k.measured_s <= bound for k in found.kernels if k.kind != "kernel")
@@ -189,7 +189,7 @@ def test_a_kernel_too_fast_to_time_is_priced_at_most_two_calls_overhead(monkeypa
 
 def test_the_plans_own_kernels_are_listed_as_shares_of_the_plan():
     """What eqsat runs, cut and timed as the original is: the depthwise conv's ShiftConv in the conv's place."""
-    found = eqsat.optimize(depthwise).profile(*_depthwise_args())
+    found = eqsat.optimize(depthwise).census(*_depthwise_args())
     names = [k.name for k in found.plan_kernels]
     assert "ShiftConv" in names and "Conv" not in names and "sort" in names
     shift = _kernel(dataclasses.replace(found, kernels=found.plan_kernels), "ShiftConv")
@@ -200,7 +200,7 @@ def test_the_plans_own_kernels_are_listed_as_shares_of_the_plan():
 
 
 def test_a_census_saved_before_the_plans_kernels_reads_with_none(tmp_path):
-    found = eqsat.optimize(depthwise).profile(*_depthwise_args())
+    found = eqsat.optimize(depthwise).census(*_depthwise_args())
     data = {**found.to_dict(), "version": 1}
     del data["plan_kernels"]
     old = census.census_from_dict(data)
@@ -213,7 +213,7 @@ def test_the_census_times_the_plans_program_apart_from_calls_and_compares_result
     """The plan's program is timed alone, not through calls (whose first validates and times the plan, and whose
     undecided guard would time both programs one call in eight); its results are compared with the original's."""
     fast, args = eqsat.optimize(depthwise, limits=eqsat.Limits(guard_seconds=0.05)), _depthwise_args()
-    found = fast.profile(*args)
+    found = fast.census(*args)
     assert found.plan_s and found.original_s and census._AGREED in found.notes
     assert fast.plan(*args).measured is None  # no call ran: the guard never timed it
     fast(*args)
@@ -223,7 +223,7 @@ def test_the_census_times_the_plans_program_apart_from_calls_and_compares_result
 def test_a_wrong_plan_is_named_by_the_census_and_still_refused_by_the_first_call():
     fast = eqsat.optimize(lambda a, b: jnp.tanh(a + b), rules=['(rewrite (Tanh x) x :name "wrong")'])
     a, b = jnp.full((64,), 0.5), jnp.full((64,), 1.0)
-    found = fast.profile(a, b)
+    found = fast.census(a, b)
     assert any(note.startswith("the plan's results differ from the original's: result 0:") for note in found.notes)
     with pytest.warns(eqsat.EqsatWarning, match="wrong"):
         assert jnp.allclose(fast(a, b), jnp.tanh(a + b))
@@ -252,7 +252,7 @@ def padded_before_strided_conv(x: jnp.ndarray, w: jnp.ndarray) -> jnp.ndarray:
 def test_a_zero_pad_runs_in_its_producers_loop_not_as_a_kernel_of_its_own():
     """XLA fuses the pad into the loop that makes its input, as it does elementwise ops; timed alone it would add a
     pass that no kernel of the program spends."""
-    found = eqsat.optimize(padded_before_strided_conv).profile(*_depthwise_args())
+    found = eqsat.optimize(padded_before_strided_conv).census(*_depthwise_args())
     assert not [k for k in found.kernels if k.name == "pad"]
     loop = _kernel(found, "fused Tanh,convert_element_type,pad")  # jnp.pad converts its int 0 to the dtype
     assert loop.kind == "fused" and loop.detail == "f32[2,16,16,8] i32[] -> f32[2,17,17,8]"
@@ -279,7 +279,7 @@ def test_a_census_of_a_stored_plan_compiles_the_original_once_and_traces_the_pla
     jax.config.update("jax_log_compiles", True)  # on every thread: the original compiles on one of eqsat's
     try:
         with caplog.at_level(logging.WARNING, logger="jax"):
-            found = fast.profile(*args)
+            found = fast.census(*args)
     finally:
         jax.config.update("jax_log_compiles", False)
     assert found.plan_s and census._AGREED in found.notes

@@ -83,7 +83,7 @@ def test_the_guides_table_is_the_options():
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
     found = command_line()._subparsers._group_actions[0].choices  # argparse keeps its subcommands there
-    return {name: found[name] for name in ("optimize", "tune", "profile", "tpu-check", "demo")}
+    return {name: found[name] for name in ("optimize", "tune", "census", "tpu-check", "demo")}
 
 
 def test_the_command_lines_flags_are_the_options():

@@ -7,7 +7,7 @@ a budget, and set against its roofline price (extract/cost.py), with the alterna
 the one the plan chose. The original program and the plan are timed end to end too, interleaved, so that each
 kernel's share is a share of a time the user can check.
 
-The census is a tool: `python -m eqsat profile` and `fast.profile(*args)` build one; the runtime never imports it.
+`python -m eqsat census` and `fast.census(*args)` take one; planning and calls never load this module.
 How the program is cut into kernels, and each timed alone: eqsat/census/units.py.
 """
 
@@ -457,7 +457,7 @@ def _wanted_roofline(wanted: timing.Wanted, node: Node, profile: Profile) -> flo
     return node_cost(wanted.op, list(wanted.in_shapes), node.shape, wanted.dtype, profile, wanted.attrs).seconds
 
 
-def profile(
+def census_of(
     optimized: Any,
     args: tuple,
     programs_of: Callable[[tuple], tuple[Callable[[], Any], Callable[[], Any]]],

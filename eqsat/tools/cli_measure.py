@@ -1,4 +1,4 @@
-"""`python -m eqsat tune` and `python -m eqsat profile`: the commands that measure a function's kernels on this
+"""`python -m eqsat tune` and `python -m eqsat census`: the commands that measure a function's kernels on this
 device, into the timing cache or as a kernel census."""
 
 import argparse
@@ -112,8 +112,8 @@ def keep_compiled() -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", _KEEP_COMPILES_OVER_S)
 
 
-def _profile(args: argparse.Namespace) -> int:
-    """The profile command: the kernel census of one function (eqsat/census/census.py)."""
+def _census(args: argparse.Namespace) -> int:
+    """The census command: the kernel census of one function (eqsat/census/census.py)."""
     import eqsat
     from eqsat.census import census
     from eqsat.support import progress
@@ -125,7 +125,7 @@ def _profile(args: argparse.Namespace) -> int:
         keep_compiled()
     with progress.live_progress(None if args.progress else False):
         fast = eqsat.optimize(work.fn, **optimize_options(args), background=False, limits=_measured_here(args.budget))
-        found = fast.profile(*work.args, measure_seconds=args.budget, seconds=args.seconds)
+        found = fast.census(*work.args, measure_seconds=args.budget, seconds=args.seconds)
     found.name = work.name
     census.echo(found)
     if args.json:
@@ -135,20 +135,20 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_profile_command(commands: Any) -> None:
-    """Register `profile` on the CLI's subparsers."""
+def add_census_command(commands: Any) -> None:
+    """Register `census` on the CLI's subparsers."""
     p = commands.add_parser(
-        "profile",
+        "census",
         help="the kernel census: every kernel of a function timed alone against its roofline, and what eqsat chose",
         description="Time every distinct kernel of the function's program alone on this device (through the timing "
         "cache: kernels measured before cost nothing), set each against its roofline price, name the alternatives "
         "its e-class holds and the one the plan runs, and time the original and the plan end to end. Sorted by the "
         "time lost against the roofline.",
-        epilog="examples:\n  python -m eqsat profile mypkg.model:forward --args f32[2,224,224,3] --json census.json\n"
-        "  python -m eqsat profile --bench resnext50 --scale small --html census.html",
+        epilog="examples:\n  python -m eqsat census mypkg.model:forward --args f32[2,224,224,3] --json census.json\n"
+        "  python -m eqsat census --bench resnext50 --scale small --html census.html",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_what(p, "profile")
+    add_what(p, "census")
     add_options(p, "target", note="; its roofline prices the kernels")
     p.add_argument(
         "--budget", type=number(float, 0), default=30.0, help="seconds of measuring new kernels at most (default 30)"
@@ -161,4 +161,4 @@ def add_profile_command(commands: Any) -> None:
     )
     p.add_argument("--json", metavar="OUT.json", help="save the census (eqsat.census.census.load_census reads it)")
     p.add_argument("--html", metavar="OUT.html", help="the plan's report with the census drawn as a chart")
-    p.set_defaults(run=reporting("profile", _profile))
+    p.set_defaults(run=reporting("census", _census))

@@ -18,7 +18,7 @@ from eqsat.tools.cli import (
     number,
     reporting,
 )
-from eqsat.tools.cli_measure import add_profile_command, add_tune_command
+from eqsat.tools.cli_measure import add_census_command, add_tune_command
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -73,7 +73,7 @@ def compare_plans(args: argparse.Namespace) -> int:
 
 
 def compare_censuses(paths: list[str]) -> int:
-    """Print one census, or two side by side (`python -m eqsat profile --json` saves them); 2 for more."""
+    """Print one census, or two side by side (`python -m eqsat census --json` saves them); 2 for more."""
     from eqsat.census.census import echo, load_census, side_by_side
 
     found = [load_census(path) for path in paths]
@@ -133,7 +133,7 @@ def command_line(own_process: bool = False) -> argparse.ArgumentParser:
     """`python -m eqsat`'s parser: every command with its flags."""
     parser = argparse.ArgumentParser(prog="python -m eqsat", description="Equality-saturation optimizer for JAX.")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands_added = (add_optimize_command, add_tune_command, add_profile_command, add_tpu_check_command)
+    commands_added = (add_optimize_command, add_tune_command, add_census_command, add_tpu_check_command)
     for add in (*commands_added, _add_demo, _add_compare, _add_calibrate):
         add(commands)
     rules = _add_rules(commands)
@@ -163,7 +163,7 @@ def _add_compare(commands: Any) -> None:
     p = _command(
         commands,
         "compare",
-        "print saved plans (JSON from eqsat.plans.plan_json.save_plan) or censuses (profile --json) side by side",
+        "print saved plans (JSON from eqsat.plans.plan_json.save_plan) or censuses (census --json) side by side",
         "python -m eqsat compare bert_cpu.json bert_h100.json   # costs, kernels, rules, regions that differ\n"
         "python -m eqsat compare bert_cpu.json bert_h100.json --html cpu_vs_h100.html\n"
         "python -m eqsat compare mine.census.json theirs.census.json   # two censuses, kernel class by class",
