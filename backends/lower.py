@@ -20,7 +20,7 @@ def lower(
     plan: Plan, outputs: Sequence[int] | None = None, given: Sequence[int] = (), watch: Sequence[int] = ()
 ) -> Callable[..., list[Any]]:
     """fn(*flat_args, *given_values) -> the values of `outputs` (default: the plan's results), then those of
-    `watch` (what an overflow guard checks).
+    `watch` (what an overflow watch checks).
 
     Nodes listed in `given` are read from the trailing arguments instead of computed (the parameter-only values
     `prepare` computed once, or an earlier memory segment's values);
@@ -112,7 +112,7 @@ def _in_range(value: Any) -> Any:
     return jnp.isfinite(total) & (total != 0)
 
 
-def overflow_guarded(
+def with_overflow_watch(
     optimized: Callable[..., list[Any]], original: Callable[..., list[Any]], watched: int
 ) -> Callable[..., list[Any]]:
     """The results of optimized(*args), a plan lowered with `watched` values after its results (`lower`'s watch),
@@ -130,26 +130,26 @@ def overflow_guarded(
     @custom_vmap
     def checked(*args: Any) -> list[Any]:
         values = optimized(*args)
-        with jax.named_scope(kernels.OVERFLOW_GUARD):
+        with jax.named_scope(kernels.OVERFLOW_WATCH):
             results, finite = _split_watched(values, watched)
             return results if finite is None else kernels.kept_unless(finite, results, lambda: original(*args))
 
     @checked.def_vmap
     def _batched(axis_size: int, in_batched: list[bool], *args: Any) -> tuple[list[Any], list[bool]]:
-        return _guarded_batch(optimized, original, watched, in_batched, args)
+        return _watched_batch(optimized, original, watched, in_batched, args)
 
     differentiable = jax.custom_jvp(checked)  # custom_vmap has no transpose: grad would fail through it
 
     @differentiable.defjvp
     def _jvp(primals: tuple, tangents: tuple) -> tuple[list[Any], list[Any]]:
-        return _guarded_jvp(optimized, original, watched, primals, tangents)
+        return _watched_jvp(optimized, original, watched, primals, tangents)
 
-    def guarded(*args: Any) -> list[Any]:
+    def watched_run(*args: Any) -> list[Any]:
         if not any(map(_is_token, args)):
             return differentiable(*args)
-        return _guarded_with_tokens(optimized, original, watched, args)
+        return _watched_with_tokens(optimized, original, watched, args)
 
-    return guarded
+    return watched_run
 
 
 def _split_watched(values: list[Any], watched: int) -> tuple[list[Any], Any]:
@@ -161,28 +161,28 @@ def _split_watched(values: list[Any], watched: int) -> tuple[list[Any], Any]:
     return results, functools.reduce(jnp.logical_and, [_in_range(v) for v in inexact])
 
 
-def _guarded_batch(
+def _watched_batch(
     optimized: Callable[..., list[Any]],
     original: Callable[..., list[Any]],
     watched: int,
     in_batched: list[bool],
     args: tuple,
 ) -> tuple[list[Any], list[bool]]:
-    """The guard's vmap rule: the guard of both programs vmapped, so one check covers the whole batch."""
+    """The watch's vmap rule: the watch of both programs vmapped, so one check covers the whole batch."""
     axes = tuple(0 if b else None for b in in_batched)
-    run = overflow_guarded(jax.vmap(optimized, in_axes=axes), jax.vmap(original, in_axes=axes), watched)
+    run = with_overflow_watch(jax.vmap(optimized, in_axes=axes), jax.vmap(original, in_axes=axes), watched)
     results = run(*args)
     return results, [True] * len(results)
 
 
-def _guarded_jvp(
+def _watched_jvp(
     optimized: Callable[..., list[Any]],
     original: Callable[..., list[Any]],
     watched: int,
     primals: tuple,
     tangents: tuple,
 ) -> tuple[list[Any], list[Any]]:
-    """The guard's JVP rule: the plan's (primals, tangents) where it is in range, else the original's."""
+    """The watch's JVP rule: the plan's (primals, tangents) where it is in range, else the original's."""
     live = [i for i, t in enumerate(tangents) if t.dtype != jax.dtypes.float0]  # integer inputs have none
 
     def jvp_of(fun: Callable[..., list[Any]]) -> Callable[[], tuple[list[Any], list[Any]]]:
@@ -203,10 +203,10 @@ def _guarded_jvp(
     return plan() if finite is None else lax.cond(finite, plan, jvp_of(original))
 
 
-def _guarded_with_tokens(
+def _watched_with_tokens(
     optimized: Callable[..., list[Any]], original: Callable[..., list[Any]], watched: int, args: tuple
 ) -> list[Any]:
-    """The guard where tokens are among the arguments: tokens pass neither custom rules nor a cond's results, so
+    """The watch where tokens are among the arguments: tokens pass neither custom rules nor a cond's results, so
     the check picks the arrays and the plan's tokens pass."""
     results, finite = _split_watched(optimized(*args), watched)
     if finite is None:

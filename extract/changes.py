@@ -289,7 +289,7 @@ def plan_summary(plan: "Plan") -> dict[str, Any]:
         "rules fired": dict(sorted(plan.rules_fired.items())),
         "changed regions": [r.name for r in diff_regions(plan)] if original_graph(plan) is not None else None,
         "fallback": plan.fallback,
-        "overflow guard": ", ".join(plan.overflow_guard) or None,  # the @real rules it is guarded for
+        "overflow watch": ", ".join(plan.overflow_watch) or None,  # the @real rules it is watched for
     }
 
 

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 # inputs, projections and list cells: carry no cost and need no shape check
 _LISTED = 4  # removed roundings the summary names
-LHS_HOLES = "lhs-dilated conv"  # what plan.overflow_guard lists for the convs of lhs_dilated_convs
+# what plan.overflow_watch lists for the convs of convs_over_zeros
+LHS_HOLES, PADDED_CONV = "lhs-dilated conv", "re-formed padded conv"
 _STRUCTURAL = frozenset(name for name, spec in OPS.items() if spec.cost_class is CostClass.SOURCE)
 
 
@@ -67,8 +68,8 @@ class Plan:
     # the plan timed against the original after validation (eqsat/numerics/guard.py)
     measured: dict[str, Any] | None = None
     # the rules marked `; @real` that fired for a rewritten plan: its results are checked for inf and NaN on device,
-    # the original running where any is (backends/lower.py overflow_guarded); empty: not guarded
-    overflow_guard: list[str] = field(default_factory=list)
+    # the original running where any is (backends/lower.py with_overflow_watch); empty: not watched
+    overflow_watch: list[str] = field(default_factory=list)
     # per node: the graph nodes it stands for (eqsat/planning/repeats.py copies a block's plan into each layer
     # with them)
     members: list[list[int]] = field(default_factory=list, repr=False, compare=False)
@@ -122,11 +123,19 @@ class Plan:
         read.update(j for node in self.nodes if not node.rewritten for j in node.inputs)
         return [i for i in sorted(read) if self.nodes[i].rewritten]
 
-    def lhs_dilated_convs(self) -> list[int]:
-        """The convs with lhs dilation (transposed convs, strided convs' input gradients): whether XLA:CPU multiplies
-        their holes by the weights (NaN where one is inf) depends on the emitter the program around them leads it to
-        (fuzz seed 2042 cases 1358, 1611), so the overflow guard watches them (LHS_HOLES)."""
-        return [i for i, n in enumerate(self.nodes) if n.op == CONV and max(ConvAttrs(*n.attrs).lhs_dilation) > 1]
+    def convs_over_zeros(self) -> dict[str, list[int]]:
+        """The convs whose zeros XLA:CPU multiplies by the weights (NaN where one is inf) or skips, as the emitter
+        the program around them, or their own shape, leads it to; the overflow watch watches them. Those with lhs
+        dilation (transposed convs, strided convs' input gradients), everywhere: their holes (fuzz seed 2042 cases
+        1358, 1611); and the padded convs the plan re-formed (a merge of siblings: seed 2046 case 1647)."""
+        found: dict[str, list[int]] = {LHS_HOLES: [], PADDED_CONV: []}
+        for i, node in enumerate(self.nodes):
+            attrs = ConvAttrs(*node.attrs) if node.op == CONV else None
+            if attrs is not None and max(attrs.lhs_dilation) > 1:
+                found[LHS_HOLES].append(i)
+            elif attrs is not None and node.rewritten and max((*attrs.pad_low, *attrs.pad_high)) > 0:
+                found[PADDED_CONV].append(i)
+        return found
 
     def rules_involved(self) -> list[str]:
         """The rules a mismatch depends on, where validation found one (re-planning with subsets of the fired
@@ -184,10 +193,10 @@ class Plan:
             )
         if self.measured:
             lines.append(f"  measured         {guard.describe(self.measured)}")
-        if self.overflow_guard and not self.fallback:
+        if self.overflow_watch and not self.fallback:
             lines.append(
-                "  overflow guard   guarded: rewritten values checked for inf/NaN (or all zero) on device, the original"
-                f" run where any is (@real rules fired: {', '.join(self.overflow_guard)})"
+                "  overflow watch   rewritten values checked for inf/NaN (or all zero) on device, the original"
+                f" run where any is (@real rules fired: {', '.join(self.overflow_watch)})"
             )
         if self.fallback:
             lines.append(f"  FALLBACK         {self.fallback}")

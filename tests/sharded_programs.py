@@ -51,7 +51,7 @@ def _case(fun: Callable[..., Any], args: tuple, traced: bool = False, **options:
         "rewritten": plan.rewritten_ops(),
         "bodies_rewritten": int(plan.stats.get("bodies_rewritten", 0)),
         "fallback": plan.fallback,
-        "guarded": bool(plan.overflow_guard),  # its overflow guard's fallback and flag are not counted above
+        "watched": bool(plan.overflow_watch),  # its overflow watch's fallback and flag are not counted above
         "refused": plan.extraction.refused,
         "warnings": [str(w.message) for w in caught],
     }

@@ -117,8 +117,8 @@ def test_a_plan_with_the_blocked_form_agrees_with_jit(kind: str, axis: int, reve
     fast = _optimized_with_blocks(fn, (x,), decide_timings)
     plan = fast.plan(x)
     assert plan.fallback is None and plan.rules_fired[f"cumulative-{'prod-' * (kind == 'prod')}blocked"] == 1
-    # sums and logsumexps stay in range in any order: only a float product's blocks are guarded against overflow
-    assert bool(plan.overflow_guard) == (kind == "prod" and jnp.issubdtype(dtype, jnp.floating))
+    # sums and logsumexps stay in range in any order: only a float product's blocks are watched for overflow
+    assert bool(plan.overflow_watch) == (kind == "prod" and jnp.issubdtype(dtype, jnp.floating))
     assert [node.op for node in plan.nodes if node.op.startswith("Cumulative")] == ["CumulativeBlocked"]
     got, want = fast(x), jax.jit(fn)(x)
     if jnp.issubdtype(dtype, jnp.integer) or kind in ("max", "min"):

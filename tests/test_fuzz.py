@@ -93,14 +93,18 @@ def test_a_result_more_accurate_than_jax_jits_is_no_mismatch() -> None:
     assert outcome.status == "ok", outcome.detail
 
 
-@pytest.mark.parametrize("seed, index", [(2040, 122), (2041, 54), (2042, 1358), (2042, 1611), (2042, 2875)])
+@pytest.mark.parametrize(
+    "seed, index", [(2040, 122), (2041, 54), (2042, 1358), (2042, 1611), (2042, 2875), (2046, 1647)]
+)
 def test_special_values_on_a_later_call_give_jits_answer(seed: int, index: int) -> None:
     """Found by the later call with special values (issue 42). Seed 2040, case 122: a naive softmax made stable
     was NaN across a row holding +inf (jax.jit: 0 beside the NaN). Seed 2041, case 54: a 1x1 conv enlarged to 3x3
-    to merge with its sibling (enlarge-1x1-to-3x3) is NaN beside a NaN input pixel (0 x NaN); now guarded. Seed
+    to merge with its sibling (enlarge-1x1-to-3x3) is NaN beside a NaN input pixel (0 x NaN); now watched. Seed
     2042, cases 1358 and 1611: a strided conv's input gradient, re-lowered, multiplies its holes by an inf weight
     where jax.jit's does not (convs with lhs dilation are watched now); case 2875: a float16 one-hot product widened
-    to float32 is NaN beside the label where XLA's float16 select is not (a one-hot product stays narrow now)."""
+    to float32 is NaN beside the label where XLA's float16 select is not (a one-hot product stays narrow now). Seed
+    2046, case 1647: two padded sibling convs merged into one multiply the padding by an inf weight where jax.jit's
+    single-channel conv skips it (re-formed padded convs are watched now)."""
     outcome = fuzz.run_case(fuzz_cases.draw_case(seed, index))
     assert outcome.status == "ok", outcome.detail
 
@@ -108,7 +112,7 @@ def test_special_values_on_a_later_call_give_jits_answer(seed: int, index: int) 
 @pytest.mark.parametrize("index", [8427, 9552])
 def test_sums_that_overflow_midway_at_extreme_magnitudes_are_no_mismatch(index: int) -> None:
     """Seed 2037: case 8427 (bfloat16 dense layers in a fori body, inputs scaled to 1e30: the products overflow and
-    XLA's order picks the sign) and 9552 (five float16 sum pools, scaled 7,129: the guard's fallback runs the same
+    XLA's order picks the sign) and 9552 (five float16 sum pools, scaled 7,129: the watch's fallback runs the same
     reduce_window in a while body, where XLA orders the sum otherwise and overflows; at the top level -7984). The
     float64 reference now leaves such sums undetermined, and bfloat16 programs are really widened."""
     outcome = fuzz.run_case(fuzz_cases.draw_case(2037, index))

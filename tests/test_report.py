@@ -2,7 +2,7 @@
 files of the previous format versions still load."""
 
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import jax
@@ -48,7 +48,7 @@ def test_opaque_primitive_names_survive_saving(tmp_path):
 
 def test_version_is_written_and_checked(plans, tmp_path):
     data = json.loads(plan_json.save_plan(plans["cpu"], tmp_path / "plan.json").read_text())
-    assert data["format"] == "eqsat-plan" and data["version"] == 3
+    assert data["format"] == "eqsat-plan" and data["version"] == plan_json.VERSION == 4
     with pytest.raises(plan_json.PlanFormatError, match="version 99 is not supported"):
         plan_json.plan_from_dict({**data, "version": 99})
     with pytest.raises(plan_json.PlanFormatError, match="not an eqsat plan"):
@@ -85,8 +85,8 @@ def test_a_file_of_the_previous_version_loads(tmp_path):
     assert plan.original_seconds == [] and original_graph(plan).where == {}
     (region,) = changes.diff_regions(plan)  # the diff still works: one region, at the top level
     assert region.name == changes.TOP_LEVEL and region.before["Dot"] == 2 and region.after["Dot"] == 1
-    again = plan_json.load_plan(plan_json.save_plan(plan, tmp_path / "v3.json"))  # saved again: as version 3
-    assert again == plan and json.loads((tmp_path / "v3.json").read_text())["version"] == 3
+    again = plan_json.load_plan(plan_json.save_plan(plan, tmp_path / "v4.json"))  # saved again: as version 4
+    assert again == plan and json.loads((tmp_path / "v4.json").read_text())["version"] == 4
 
 
 def test_a_version_2_file_loads_with_its_node_fields_renamed():
@@ -98,4 +98,14 @@ def test_a_version_2_file_loads_with_its_node_fields_renamed():
     data = plan_json.plan_to_dict(plan)
     data["version"] = 2
     data["plan"]["nodes"] = [{old.get(k, k): v for k, v in n.items()} for n in data["plan"]["nodes"]]
+    assert plan_json.plan_from_dict(data) == plan
+
+
+def test_a_version_3_file_loads_with_its_overflow_watch_renamed():
+    """Version 3 named the plan's `overflow_watch` (the @real rules whose values are watched) `overflow_guard`."""
+    x = np.ones((8, 8), np.float32)
+    plan = replace(eqsat.optimize(lambda a, b: a @ b + a).plan(x, x), overflow_watch=["dot-assoc-right"])
+    data = plan_json.plan_to_dict(plan)
+    data["version"] = 3
+    data["plan"] = {("overflow_guard" if k == "overflow_watch" else k): v for k, v in data["plan"].items()}
     assert plan_json.plan_from_dict(data) == plan

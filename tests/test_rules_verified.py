@@ -42,7 +42,7 @@ def test_real_number_rules_are_marked_in_the_files():
 
 def test_rules_that_only_sum_in_another_order_are_tolerated_and_not_guarded():
     """`; @rounding` rules (the kernel alternatives, stable forms) change rounding like `; @real` ones, so `rules
-    check` allows for it; they cannot overflow where the original does not, so the overflow guard leaves them."""
+    check` allows for it; they cannot overflow where the original does not, so the overflow watch leaves them."""
     rounding = real_rules(collect()) - real_rules(collect(), (REAL_MARK,))
     assert {
         "depthwise-shifted",

@@ -52,7 +52,7 @@ def test_shard_map_bodies_are_rewritten(cases: dict[str, Any], name: str) -> Non
 def test_sharded_arguments_keep_their_rewrite(cases: dict[str, Any]) -> None:
     for name in ("sharded_args", "explicit_args"):
         assert cases[name]["rewritten"] == {"Dot": 2} and cases[name]["fallback"] is None
-        assert cases[name]["guarded"]  # re-associated: jax.jit's collectives, the guard's own not counted
+        assert cases[name]["watched"]  # re-associated: jax.jit's collectives, the watch's own not counted
 
 
 def test_a_merge_along_a_sharded_axis_is_not_made(cases: dict[str, Any]) -> None:

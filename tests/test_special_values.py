@@ -45,15 +45,15 @@ KNOWN: dict[str, str] = {
     ),
 }
 
-# Rules fenced where their forms' special values differ from jax.jit's: watched by the overflow guard (marked
+# Rules fenced where their forms' special values differ from jax.jit's: watched by the overflow watch (marked
 # `; @real`: the plan's value is not finite wherever they differ, and the original then runs), computed as the
 # one-hot product itself where the operand holds an inf or NaN (eqsat/ops/kernels.py take_rows, scatter_rows), or
 # narrowed to the convs where they agree (NARROWED: the rule must not fire on its case)
 NARROWED = {"few-channels-shifted"}
 FENCED = {
     "few-channels-shifted": "narrowed: not where the input is dilated (XLA:CPU skips an ungrouped 2-D conv's holes)",
-    "transposed-phases": "guard: XLA:CPU multiplies the holes by the weights elsewhere, PhaseConv never meets them",
-    "depthwise-grad-shifted": "guard: XLA spreads a non-finite cotangent to every group's same channel, not its form",
+    "transposed-phases": "watched: XLA:CPU multiplies the holes by the weights elsewhere, PhaseConv never meets them",
+    "depthwise-grad-shifted": "watched: XLA spreads a non-finite cotangent to every group's same channel, not its form",
     "one-hot-gather": "exact: the product itself where the table holds an inf or NaN (a whole column NaN)",
     "one-hot-transposed-scatter": "exact: the product itself where the rows hold an inf or NaN",
 }
@@ -234,12 +234,12 @@ def test_fenced_and_known_rules_give_jits_answer(rule: str, alternatives_win: bo
 
 # Where jax.jit's own special values depend on the program around the op: XLA:CPU's batch-grouped conv (a depthwise
 # conv's weight gradient) spreads a NaN cotangent to every group's same channel alone, not inside a loop or a cond's
-# branch. The overflow guard runs the original inside the plan's program, so the plan gives the latter.
+# branch. The overflow watch runs the original inside the plan's program, so the plan gives the latter.
 IN_CONTEXT = {"depthwise-grad-shifted"}
 
 
 def _in_a_loop(fun: Callable[..., Any]) -> Callable[..., Any]:
-    """fun run once in a while loop's body, as the overflow guard runs the original (backends/lower.py)."""
+    """fun run once in a while loop's body, as the overflow watch runs the original (backends/lower.py)."""
 
     def looped(*xs: jax.Array) -> Any:
         first = jax.eval_shape(fun, *xs)

@@ -78,12 +78,12 @@ def test_bad_input_ends_in_one_line_and_exit_code_2(argv, capsys):
 @needs_libtpu
 def test_a_small_program_and_its_plan_compile_for_v5e():
     found = tpu_check.check(EXAMPLES["matmul_chain"]("full"))  # at 64 re-association gains too little
-    assert not found.plan.fallback and found.guarded  # re-associated: under the overflow guard
+    assert not found.plan.fallback and found.watched  # re-associated: under the overflow watch
     assert not any(c.error for _, c in tpu_check.programs(found))
     # (A @ B) @ v against A @ (B @ v): the TPU compiler counts n^2 m * 4 flops against n^3 * 2
     assert found.alone.flops < found.original.flops / 4
     assert found.alone.fusions >= 1 and found.original.peak > 0
-    # the guard's fallback loop is the original: XLA counts it in the guarded program
+    # the watch's fallback loop is the original: XLA counts it in the watched program
     assert found.planned.flops > found.original.flops
     table = tpu_check.side_by_side(found)
     assert "plan alone" in table and "XLA temp" in table and "dot-assoc-right" in table

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 from jax._src import config
 
-from eqsat.backends.lower import overflow_guarded, with_parameter_only_values
+from eqsat.backends.lower import with_overflow_watch, with_parameter_only_values
 from eqsat.capture.ir import Role
 from eqsat.checks import validate
 from eqsat.dispatch.dispatcher import Dispatcher
@@ -62,11 +62,11 @@ def _signature_call(
         p, r = iter(params_flat), iter(rest_flat)
         return [next(p) if parameter else next(r) for parameter in is_parameter]
 
-    watch = calls.planner.overflow_watch(entry.plan)
+    watch = calls.planner.watched_nodes(entry.plan)
     body, once = with_parameter_only_values(entry.plan, flat, watch)  # once: the parameter-only values
-    if watch:  # the original, the guard's fallback, takes no parameter-only values
+    if watch:  # the original, the watch's fallback, takes no parameter-only values
         original_flat, n = inlined(entry.original), len(flat)
-        body = overflow_guarded(body, lambda *args: original_flat(*args[:n]), len(watch))
+        body = with_overflow_watch(body, lambda *args: original_flat(*args[:n]), len(watch))
     run = jax.jit(lambda p, r, o: body(*ordered(p, r), *o))
     leaves = [x for x, parameter in zip(flat, is_parameter, strict=True) if not parameter]
     calls.timed_prepared(entry, lambda: run(params_flat, leaves, once), lambda: entry.original(*flat))

@@ -33,7 +33,7 @@ class Disagreement:
     class_nodes: tuple[str, ...] = ()  # every node of the e-class, as text, for the report
     program: str = ""  # the generated program, filled in by check_rules
     suspects: tuple[str, ...] = ()  # rules that reproduce it alone, filled in by check_rules
-    # the node's value holds an inf or NaN or is all zero: where @real rules fired, the overflow guard
+    # the node's value holds an inf or NaN or is all zero: where @real rules fired, the overflow watch
     # (backends/lower.py _in_range) runs the original instead
     out_of_range: bool = False
     # it differs only where the class value is inf or NaN and the node's finite (a stable form's purpose)
@@ -239,7 +239,7 @@ def _order_decides(want: Any, out: Any, terms: int) -> np.ndarray:
 
 
 def _out_of_range(value: Any) -> bool:
-    """An inexact value with an inf or NaN, or all zero: what the overflow guard's check refuses."""
+    """An inexact value with an inf or NaN, or all zero: what the overflow watch's check refuses."""
     a = np.asarray(value)
     if not jax.numpy.issubdtype(a.dtype, jax.numpy.inexact) or not a.size:
         return False

@@ -71,7 +71,7 @@ def _user_source(item: str | Path, index: int) -> RuleSource:
 
 
 # Comment lines right above a rule that say it holds for real numbers, not in floating point:
-REAL_MARK = "; @real"  # its new intermediates may overflow or underflow where the original's do not (guarded)
+REAL_MARK = "; @real"  # its new intermediates may overflow or underflow where the original's do not (watched)
 ROUNDING_MARK = "; @rounding"  # the same terms in another order, or a form in range wherever the original is
 
 
@@ -230,7 +230,7 @@ def rule_names(src: RuleSource) -> list[str]:
 def real_rules(sources: list[RuleSource], marks: tuple[str, ...] = (REAL_MARK, ROUNDING_MARK)) -> frozenset[str]:
     """The names of the rules marked `; @real` (re-association, distributivity, folding a scale into weights) or
     `; @rounding` (a sum's terms in another order): they hold for real numbers, and in floating point change
-    rounding. With marks=(REAL_MARK,): those whose new intermediates may leave the range, which the overflow guard
+    rounding. With marks=(REAL_MARK,): those whose new intermediates may leave the range, which the overflow watch
     watches."""
     return frozenset(name for src in sources for rule in rules_in(src) if rule.mark in marks for name in rule.names)
 

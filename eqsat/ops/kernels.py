@@ -15,9 +15,9 @@ if TYPE_CHECKING:
     from eqsat.ops.table import ArgReduceAttrs, ConvAttrs, PoolAttrs
 
 Shape = tuple[int, ...]
-# the name scope of each check for values out of range and the fallback it decides on (the overflow guard's,
+# the name scope of each check for values out of range and the fallback it decides on (the overflow watch's,
 # backends/lower.py, and the one-hot kernels' below): eqsat/plans/sharding.py leaves their collectives out
-OVERFLOW_GUARD = "eqsat_overflow_guard"
+OVERFLOW_WATCH = "eqsat_overflow_watch"
 
 
 def conv_dimension_numbers(rank: int) -> lax.ConvDimensionNumbers:
@@ -210,10 +210,10 @@ def _one_hot_product_unless_finite(operand: Any, fast: Any, one_hot_product: Cal
     """fast where `operand` is finite, else the one-hot product itself: jax.jit's dot multiplies every zero of the
     one-hot by every element, so an inf or NaN anywhere in a column makes the whole column NaN (0 x inf), which no
     gather or scatter computes. One pass over the operand, where the product would read it for every row. In the
-    overflow guard's name scope: its check's all-reduce and the product's loop are not collectives a sharded plan
+    overflow watch's name scope: its check's all-reduce and the product's loop are not collectives a sharded plan
     adds (eqsat/plans/sharding.py collectives); fast, computed by the caller, stays outside the loop, where XLA joins
     its all-reduce with the program's."""
-    with jax.named_scope(OVERFLOW_GUARD):
+    with jax.named_scope(OVERFLOW_WATCH):
         return kept_unless(all_finite(operand), [fast], lambda: [one_hot_product()])[0]
 
 

@@ -20,13 +20,13 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jcore
 
-from eqsat.backends.lower import lower, overflow_guarded, with_original_derivatives
+from eqsat.backends.lower import lower, with_original_derivatives, with_overflow_watch
 from eqsat.capture.ir import Graph, Opaque
 from eqsat.capture.jaxpr import capture
 from eqsat.egraph.rule_sources import REAL_MARK, RuleSource, keeping, real_rules
 from eqsat.egraph.saturate import Snapshot, StopReason, saturate
 from eqsat.extract.cost import Cost
-from eqsat.extract.plan import LHS_HOLES, Plan, build_plan
+from eqsat.extract.plan import Plan, build_plan
 from eqsat.extract.timing import attached, priced
 from eqsat.ops.table import GET, OPAQUE
 from eqsat.planning import agreement, repeats
@@ -225,26 +225,26 @@ class Planner:
     def runner(
         self, plan: Plan, flat_fun: Callable[..., list[Any]], closed: jcore.ClosedJaxpr
     ) -> Callable[..., list[Any]]:
-        """The plan as a jitted function of the flat leaves, differentiated as the original is, guarded against
-        overflow where it relies on rules marked `; @real` (`overflow_watch`; closed: the captured program, which
+        """The plan as a jitted function of the flat leaves, differentiated as the original is, watched for
+        overflow where it relies on rules marked `; @real` (`watched_nodes`; closed: the captured program, which
         runs where the plan's watched values are not finite)."""
-        watch = self.overflow_watch(plan)
+        watch = self.watched_nodes(plan)
         run = lower(plan, watch=watch)
         if watch:
-            run = overflow_guarded(run, jcore.jaxpr_as_fun(closed), len(watch))
+            run = with_overflow_watch(run, jcore.jaxpr_as_fun(closed), len(watch))
         return jax.jit(with_original_derivatives(run, flat_fun))
 
-    def overflow_watch(self, plan: Plan) -> list[int]:
-        """The plan nodes an overflow guard checks (backends/lower.py overflow_guarded), what put each there recorded
-        as plan.overflow_guard: where rules marked `; @real` fired, the rewritten values the rest of the program
+    def watched_nodes(self, plan: Plan) -> list[int]:
+        """The plan nodes an overflow watch checks (backends/lower.py with_overflow_watch), what put each there recorded
+        as plan.overflow_watch: where rules marked `; @real` fired, the rewritten values the rest of the program
         reads (Plan.rewritten_frontier: a re-association may overflow where the original does not; a `; @rounding`
-        rule's partial sums overflow only where its terms do); convs with lhs dilation (LHS_HOLES); the results of
+        rule's partial sums overflow only where its terms do); convs over zeros (Plan.convs_over_zeros); the results of
         opaque calls whose bodies were re-planned with either (checked outside the body: a check inside a
         shard_map body would differ between shards). Every fired rule counts (which ones the extracted program
         used is not recorded). Values of integer types cannot overflow: not watched."""
         real = sorted(set(plan.rules_fired) & self._real_rules)
         frontier = _overflowing_frontier(plan) if real else []
-        holes = [i for i in plan.lhs_dilated_convs() if i not in frontier]
+        zeros = {why: [i for i in convs if i not in frontier] for why, convs in plan.convs_over_zeros().items()}
         graph = plan.graph
         bodies = graph.real_bodies if graph is not None else {}
         calls = {}  # node holding one array that a call with such bodies returned -> that call's opaque index
@@ -254,14 +254,15 @@ class Planner:
             if index in bodies and (node.op == GET) == graph.opaque[index].multiple_results:
                 calls[i] = index
         watched = [i for i in calls if _may_overflow(plan.nodes[i].dtype)]
-        rules = (real if frontier else []) + [LHS_HOLES] * bool(holes) + [r for i in watched for r in bodies[calls[i]]]
-        plan.overflow_guard = sorted(set(rules))
-        return frontier + holes + watched
+        convs = [why for why, nodes in zeros.items() if nodes]
+        rules = (real if frontier else []) + convs + [r for i in watched for r in bodies[calls[i]]]
+        plan.overflow_watch = sorted(set(rules))
+        return frontier + [i for why in convs for i in zeros[why]] + watched
 
-    def _unguarded_if_as_cheap(self, graph: Graph, plan: Plan, prepared: bool) -> Plan:
-        """The plan, or where rules marked `; @real` fired and would put it under the overflow guard, the plan
+    def _unwatched_if_as_cheap(self, graph: Graph, plan: Plan, prepared: bool) -> Plan:
+        """The plan, or where rules marked `; @real` fired and would put it under the overflow watch, the plan
         extracted without them where it is predicted as fast: which fired rules an extracted program used is not
-        recorded, and a guard that watches every call for nothing costs ConvNeXtTiny's plan 13-15 %."""
+        recorded, and a watch on every call for nothing costs ConvNeXtTiny's plan 13-15 %."""
         real = set(plan.rules_fired) & self._real_rules
         if not real or not _overflowing_frontier(plan):
             return plan
@@ -269,7 +270,7 @@ class Planner:
         plain = self.extract(graph, self.saturate(graph, rules), prepared)
         if plain.predicted.seconds > plan.predicted.seconds:
             return plan
-        plain.stats["unguarded"] = 1.0  # the @real rules that fired were left out: nothing for a guard to watch
+        plain.stats["unwatched"] = 1.0  # the @real rules that fired were left out: nothing to watch
         return plain
 
     @functools.cached_property
@@ -341,7 +342,7 @@ class Planner:
         t2 = time.perf_counter()
         options = self.options
         progress.begin("extract", f"extract ({options.extractor}{', parameters prepared' if prepared else ''})")
-        plan = self._unguarded_if_as_cheap(done.graph, self.extract(done.graph, done.snapshot, prepared), prepared)
+        plan = self._unwatched_if_as_cheap(done.graph, self.extract(done.graph, done.snapshot, prepared), prepared)
         extract_s = time.perf_counter() - t2 - plan.stats.get("measure_s", 0.0)  # measuring is reported apart
         plan.stats.update(capture_s=done.capture_s, saturate_s=done.saturate_s, extract_s=extract_s)
         if log.isEnabledFor(logging.INFO):  # a summary walks the plan and the original (0.45 s for a 32-layer grad)
@@ -440,8 +441,8 @@ class Planner:
         if not same_type or new.consts or inner.constvars:
             return body
         stored.extend([*graph.stored_bodies, key] if kept else graph.stored_bodies)
-        self.overflow_watch(plan)
-        real.update(plan.overflow_guard)
+        self.watched_nodes(plan)
+        real.update(plan.overflow_watch)
         return new if isinstance(body, jcore.ClosedJaxpr) else new.jaxpr
 
 

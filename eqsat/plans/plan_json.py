@@ -24,9 +24,14 @@ from eqsat.extract.views import original_graph
 from eqsat.ops.table import OPS
 
 FORMAT = "eqsat-plan"
-VERSION = 3  # 3: a node's `weight` and `param` named `parameter_only` and `parameter`
-READABLE = (1, 2, 3)  # versions load_plan reads: fields a version lacks take their defaults
-_RENAMED = {"weight": "parameter_only", "param": "parameter"}  # node fields of versions 1 and 2, by their names now
+VERSION = 4  # 4: the plan's `overflow_guard` named `overflow_watch`; 3: a node's `weight` and `param` named
+# `parameter_only` and `parameter`
+READABLE = (1, 2, 3, 4)  # versions load_plan reads: fields a version lacks take their defaults
+_RENAMED_NODE = {
+    "weight": "parameter_only",
+    "param": "parameter",
+}  # node fields of versions 1 and 2, by their names now
+_RENAMED_PLAN = {"overflow_guard": "overflow_watch"}  # plan fields of versions 1 to 3, by their names now
 
 
 class PlanFormatError(ValueError):
@@ -68,7 +73,7 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
             + ", ".join(map(str, READABLE))
         )
     try:
-        plan = _fields_from_dict(Plan, _renamed(data["plan"]) if data["version"] < 3 else data["plan"], _PLAN_DECODE)
+        plan = _fields_from_dict(Plan, _renamed(data["plan"], data["version"]), _PLAN_DECODE)
         if data.get("original") is not None:
             plan.saved_original = _graph_from_dict(data["original"])
     except (AttributeError, KeyError, TypeError, ValueError) as error:  # AttributeError: an old plan's node not a dict
@@ -76,10 +81,12 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
     return plan
 
 
-def _renamed(plan: dict[str, Any]) -> dict[str, Any]:
-    """A plan of versions 1 and 2 with its nodes' fields as version 3 names them."""
-    nodes = [{_RENAMED.get(k, k): v for k, v in node.items()} for node in plan["nodes"]]
-    return {**plan, "nodes": nodes}
+def _renamed(plan: dict[str, Any], version: int) -> dict[str, Any]:
+    """A plan of an older version with its fields, and its nodes' fields, as this version names them."""
+    nodes = (
+        plan["nodes"] if version >= 3 else [{_RENAMED_NODE.get(k, k): v for k, v in n.items()} for n in plan["nodes"]]
+    )
+    return {(_RENAMED_PLAN.get(k, k) if version < 4 else k): v for k, v in plan.items()} | {"nodes": nodes}
 
 
 def save_plan(plan: Plan, path: str | Path) -> Path:

@@ -11,7 +11,7 @@ from jax._src import shard_map as jax_shard_map
 from jax.sharding import AxisType, use_abstract_mesh
 
 from eqsat.capture.ir import Graph, Opaque
-from eqsat.ops.kernels import OVERFLOW_GUARD
+from eqsat.ops.kernels import OVERFLOW_WATCH
 from eqsat.support.graph_walk import reachable
 
 # the collectives XLA's SPMD partitioner and shard_map's lowering emit
@@ -23,7 +23,7 @@ _COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) [^\n]*\{\n(.*?)^\}", re.M | re.S)
 _CALLED = re.compile(r"%([\w.\-]+)")
 # a check's flag over the devices: a scalar, or several in one tuple (XLA's combiner joins the checks' all-reduces)
 _FLAG_REDUCE = re.compile(r"\s*%\S+ = (?:(?:pred|f32)\[\]|\((?:(?:pred|f32)\[\](?:, )?)+\)) all-reduce(?:-start)?\(")
-# the guard's fallback: its loop's body, or branch 0 of a cond (its false branch; the guard's derivatives)
+# the watch's fallback: its loop's body, or branch 0 of a cond (its false branch; the watch's derivatives)
 _FALLBACK_BRANCH = re.compile(r"(?:branch_computations=\{%|false_computation=%|\bbody=%)([\w.\-]+)")
 
 
@@ -43,9 +43,9 @@ def body_tracing(call: Opaque) -> contextlib.AbstractContextManager[Any]:
 
 def collectives(hlo_text: str) -> Counter[str]:
     """The collectives of a compiled program (`.lower(...).compile().as_text()`), by kind, on the path it runs:
-    the overflow guard's (backends/lower.py overflow_guarded) and the one-hot kernels' checks are not counted,
+    the overflow watch's (backends/lower.py with_overflow_watch) and the one-hot kernels' checks are not counted,
     neither the program in the branch that runs only where a checked value is out of range nor the all-reduce of
-    each check's flag (what a sharded guarded plan adds to jax.jit's program)."""
+    each check's flag (what a sharded watched plan adds to jax.jit's program)."""
     bodies: dict[str, list[str]] = {}
     for block in _COMPUTATION.finditer(hlo_text):
         bodies[block.group(1)] = block.group(2).splitlines()
@@ -53,13 +53,13 @@ def collectives(hlo_text: str) -> Counter[str]:
         match.group(1)
         for lines in bodies.values()
         for line in lines
-        if ("conditional(" in line or " while(" in line) and OVERFLOW_GUARD in line
+        if ("conditional(" in line or " while(" in line) and OVERFLOW_WATCH in line
         for match in [_FALLBACK_BRANCH.search(line)]
         if match
     ]
     skipped = reachable(fallbacks, lambda name: [c for c in _CALLED.findall("\n".join(bodies[name])) if c in bodies])
     lines = [line for name, body in bodies.items() if name not in skipped for line in body]
-    flags = [line for line in lines if OVERFLOW_GUARD in line and _FLAG_REDUCE.match(line)]
+    flags = [line for line in lines if OVERFLOW_WATCH in line and _FLAG_REDUCE.match(line)]
     return Counter(m.group(1) for line in lines if line not in flags for m in _COLLECTIVE.finditer(line))
 
 

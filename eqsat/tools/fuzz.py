@@ -197,9 +197,9 @@ def run_case(case: Case) -> Outcome:
     again = functools.partial(
         _called_again, calls=calls, references=(reference_fn, plain_reference), transform=transform
     )
-    # guarded plans only (a body re-planned with @real rules guards its call too): other rewrites keep each
+    # watched plans only (a body re-planned with @real rules watches its call too): other rewrites keep each
     # element's operations, and where a sum overflows midway its order decides inf or NaN for jax.jit's too
-    if case.program.dtype != "int32" and any(e.plan.overflow_guard for e in entries):
+    if case.program.dtype != "int32" and any(e.plan.overflow_watch for e in entries):
         problems += again("scaled", _at_extreme_magnitudes(case, args))
     if case.program.dtype != "int32":  # a later call validation does not see, with special values
         problems += again("special values", special_values(args, case.data_seed))

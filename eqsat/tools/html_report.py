@@ -251,7 +251,7 @@ def _plan_tables(plan: Plan) -> list[str]:
     summary = plan_summary(plan)
     costs = [[n, *pair] for n, *pair in zip(_AMOUNTS, _amounts(plan.original), _amounts(plan.predicted), strict=True)]
     costs.append(["speed-up", "", f"{plan.predicted_speedup:.2f}x"])
-    shown = ("target", "stop reason", "iterations", "e-nodes", "fallback", "overflow guard")
+    shown = ("target", "stop reason", "iterations", "e-nodes", "fallback", "overflow watch")
     saturation = [[k, format_metric(k, summary[k])] for k in shown]
     saturation += [[k, f"{v * 1e3:.1f} ms"] for k, v in plan.stats.items() if k.endswith("_s")]
     rules = [[name, count] for name, count in sorted(plan.rules_fired.items(), key=lambda kv: (-kv[1], kv[0]))]

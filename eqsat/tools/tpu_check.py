@@ -63,14 +63,14 @@ class Check:
     name: str
     plan: Plan
     original: Compiled
-    planned: Compiled  # the plan as optimize runs it: under the overflow guard where @real rules fired
-    alone: Compiled | None = None  # where guarded: the plan's program without the guard and its fallback
+    planned: Compiled  # the plan as optimize runs it: under the overflow watch where @real rules fired
+    alone: Compiled | None = None  # where watched: the plan's program without the watch and its fallback
     model: MemoryReport | None = None  # eqsat's memory model of the plan (one buffer per node)
     budget: int | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
-    def guarded(self) -> bool:
+    def watched(self) -> bool:
         return self.alone is not None
 
     @property
@@ -158,7 +158,7 @@ def check(
     **options: Any,
 ) -> Check:
     """Plan work.fn for `target`, validate the plan on this machine's arguments, and compile the original, the plan
-    as optimize runs it and (where guarded) the plan alone for `device` (default: tpu_device()). `options`:
+    as optimize runs it and (where watched) the plan alone for `device` (default: tpu_device()). `options`:
     optimize's."""
     device = device if device is not None else tpu_device()
     limits = options.pop("limits", None) or eqsat.Limits()
@@ -177,7 +177,7 @@ def check(
         found.notes.append(f"the original runs: {plan.fallback}")
         return found
     found.model = memory_report(plan)
-    if plan.overflow_guard:
+    if plan.overflow_watch:
         flat = jax.tree_util.tree_leaves(structs)
         found.alone = compile_figures(lambda: jax.jit(lower(plan)).lower(*flat))
     return found
@@ -248,9 +248,9 @@ def side_by_side(found: Check) -> str:
         lines.append(f"{row:<{width}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(values, cells, strict=True)))
     lines.append(f"rewritten ops: {listed(found.rewritten)}")
     lines.append(f"rules fired:   {listed(plan.rules_fired)}")
-    if found.guarded:
+    if found.watched:
         lines.append(
-            "note: guarded (@real rules): XLA counts the guard's fallback loop, the original, run only where the "
+            "note: watched (@real rules): XLA counts the watch's fallback loop, the original, run only where the "
             "plan overflows, in the plan's flops and bytes; 'plan alone' is the plan's program without it"
         )
     lines += [f"note: {note}" for note in [*found.notes, *findings(found)]]
@@ -287,17 +287,17 @@ def findings(found: Check) -> list[str]:
 
 def _budget_note(found: Check, plan: Compiled) -> str:
     """The budget against the TPU's peak (args + out - alias + temp, what eqsat's budget counts) and temp bytes of
-    both programs, and eqsat's own check: XLA:CPU's figure of the program optimize runs, guard included."""
-    budget, base, guarded = found.budget or 0, found.original, found.planned
+    both programs, and eqsat's own check: XLA:CPU's figure of the program optimize runs, watch included."""
+    budget, base, watched = found.budget or 0, found.original, found.planned
     mine, theirs = ("under" if c.peak <= budget else "OVER" for c in (plan, base))
     said = f"budget {_mib(budget)}: TPU peak {_mib(plan.peak)} with the plan ({mine}), {_mib(base.peak)} without "
     said += f"({theirs.lower()}); TPU temp {_mib(plan.temp)} against {_mib(base.temp)}"
-    if found.guarded:
-        said += f"; the guarded program's TPU peak {_mib(guarded.peak)}"
+    if found.watched:
+        said += f"; the watched program's TPU peak {_mib(watched.peak)}"
     cpu = found.plan.memory.xla if found.plan.memory is not None else None
     if cpu is not None:
         verdict = "under" if cpu["total"] <= budget else "over"
-        said += f"; eqsat's own check (XLA:CPU, guard included) {_mib(cpu['total'])} ({verdict})"
+        said += f"; eqsat's own check (XLA:CPU, watch included) {_mib(cpu['total'])} ({verdict})"
     return said
 
 
@@ -316,5 +316,5 @@ def programs(found: Check) -> list[tuple[str, Compiled]]:
 
 
 def plan_program(found: Check) -> Compiled:
-    """The plan's own program: without the guard where it has one (the guard's fallback is the original)."""
+    """The plan's own program: without the watch where it has one (the watch's fallback is the original)."""
     return found.alone if found.alone is not None else found.planned

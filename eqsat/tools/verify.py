@@ -55,8 +55,8 @@ def check_program(
     `inputs`: these instead (special values, eqsat/tools/special.py), with zeros' signs compared too, all the
     rules at once (the rules sound in floating point get the same check of NaNs, infinities and signs). Where rules
     marked `; @real` fired, an e-node whose value holds an inf or NaN (or is all zero) is left to the overflow
-    guard, which runs the original wherever a plan that used them does (backends/lower.py overflow_guarded); the
-    saturation without those rules is then checked in full, since a plan extracted from it is not guarded."""
+    watch, which runs the original wherever a plan that used them does (backends/lower.py with_overflow_watch); the
+    saturation without those rules is then checked in full, since a plan extracted from it is not watched."""
     special = inputs is not None
     inputs = prog.random_inputs(seed) if inputs is None else list(inputs)
     with jax.enable_x64(prog.dtype.endswith("64")):
@@ -69,18 +69,18 @@ def check_program(
     if float_sound is not None:
         snapshot = saturate(graph, sources, limits)
         every = check_egraph(graph, snapshot, inputs, real=True, special=special)
-        guarded = _guarded(tuple(sources))
-        if special and any(d.out_of_range for d in every) and any(snapshot.rule_matches.get(r) for r in guarded):
-            unguarded = keeping(sources, lambda names: not set(names) & guarded)
-            found += check_egraph(graph, saturate(graph, unguarded, limits), inputs, real=True, special=True)
+        watched = _real_rules(tuple(sources))
+        if special and any(d.out_of_range for d in every) and any(snapshot.rule_matches.get(r) for r in watched):
+            unwatched = keeping(sources, lambda names: not set(names) & watched)
+            found += check_egraph(graph, saturate(graph, unwatched, limits), inputs, real=True, special=True)
             every = [d for d in every if not d.out_of_range]
         found += every
     return found, snapshot, graph
 
 
 @functools.lru_cache(maxsize=8)
-def _guarded(sources: tuple[RuleSource, ...]) -> frozenset[str]:
-    """The rules marked `; @real`: a plan that fired any runs under the overflow guard."""
+def _real_rules(sources: tuple[RuleSource, ...]) -> frozenset[str]:
+    """The rules marked `; @real`: a plan that fired any runs under the overflow watch."""
     return real_rules(list(sources), (REAL_MARK,))
 
 

@@ -1,11 +1,11 @@
-"""What the overflow guard costs (issue 24, must-be-true 3): plans that rely on rules marked `; @real` check their
-results for inf/NaN on device and run the original where any is (backends/lower.py overflow_guarded).
+"""What the overflow watch costs (issue 24, must-be-true 3): plans that rely on rules marked `; @real` check their
+results for inf/NaN on device and run the original where any is (backends/lower.py with_overflow_watch).
 
-    python -m benches.overflow_guard                 # the re-association and distributivity demos, full size
-    python -m benches.overflow_guard --seconds 1     # shorter rounds
+    python -m benches.overflow_watch                 # the re-association and distributivity demos, full size
+    python -m benches.overflow_watch --seconds 1     # shorter rounds
 
 Per case, timed interleaved in one process (ratio: the first's time / the second's, > 1: the second is faster):
-jax.jit against the guarded plan, the unguarded plan against the guarded one, the same three under vmap over a
+jax.jit against the watched plan, the unwatched plan against the watched one, the same three under vmap over a
 batch of 4 (where one custom_vmap rule keeps one check for the whole batch), and each plan's compile time.
 """
 
@@ -18,7 +18,7 @@ import jax
 from jax.extend import core as jcore
 
 import eqsat
-from eqsat.backends.lower import lower, overflow_guarded
+from eqsat.backends.lower import lower, with_overflow_watch
 from eqsat.numerics.measure import interleaved
 from eqsat.tools import examples
 
@@ -36,20 +36,20 @@ def run(name: str, seconds: float) -> list[str]:
     work = examples.EXAMPLES[name]()
     args = work.args
     plan = eqsat.optimize(work.fn, background=False).plan(*args)
-    assert plan.overflow_guard, f"{name}: the plan is not guarded ({plan.rules_fired})"
+    assert plan.overflow_watch, f"{name}: the plan is not watched ({plan.rules_fired})"
     original = jcore.jaxpr_as_fun(jax.make_jaxpr(lambda *xs: [work.fn(*xs)])(*args))
     watch = plan.rewritten_frontier()
-    plain, guarded = lower(plan), overflow_guarded(lower(plan, watch=watch), original, len(watch))
+    plain, watched = lower(plan), with_overflow_watch(lower(plan, watch=watch), original, len(watch))
     batched = tuple(jax.numpy.stack([x] * BATCH) for x in args)
-    lines = [f"{name} ({work.note}): {plan.predicted_speedup:.1f}x predicted, guarded for {plan.overflow_guard}"]
+    lines = [f"{name} ({work.note}): {plan.predicted_speedup:.1f}x predicted, watched for {plan.overflow_watch}"]
     for label, wrap, xs in (("", lambda f: f, args), (f"vmap x{BATCH} ", jax.vmap, batched)):
         jitted = jax.jit(wrap(lambda *a: [work.fn(*a)]))
-        unguarded, checked = jax.jit(wrap(plain)), jax.jit(wrap(guarded))
+        unwatched, checked = jax.jit(wrap(plain)), jax.jit(wrap(watched))
         compiled = ", ".join(f"{k} {_compile_s(f, xs) * 1e3:.0f} ms" for k, f in (("jax.jit", jitted),
-                             ("unguarded plan", unguarded), ("guarded plan", checked)))  # fmt: skip
+                             ("unwatched plan", unwatched), ("watched plan", checked)))  # fmt: skip
         lines += [
-            f"  {label}jax.jit / guarded plan     {interleaved(jitted, checked, xs, seconds)}",
-            f"  {label}unguarded / guarded plan   {interleaved(unguarded, checked, xs, seconds)}",
+            f"  {label}jax.jit / watched plan     {interleaved(jitted, checked, xs, seconds)}",
+            f"  {label}unwatched / watched plan   {interleaved(unwatched, checked, xs, seconds)}",
             f"  {label}compile: {compiled}",
         ]
     return lines
