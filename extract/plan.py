@@ -126,14 +126,16 @@ class Plan:
     def convs_over_zeros(self) -> dict[str, list[int]]:
         """The convs whose zeros XLA:CPU multiplies by the weights (NaN where one is inf) or skips, as the emitter
         the program around them, or their own shape, leads it to; the overflow watch watches them. Those with lhs
-        dilation (transposed convs, strided convs' input gradients), everywhere: their holes (fuzz seed 2042 cases
-        1358, 1611); and the padded convs the plan re-formed (a merge of siblings: seed 2046 case 1647)."""
+        dilation (transposed convs, strided convs' input gradients), Conv or an alternative kernel of it: their holes
+        (fuzz seed 2042 cases 1358, 1611; a depthwise one as ShiftConv, seed 2046 case 2793); and the padded Convs the
+        plan re-formed (a merge of siblings: seed 2046 case 1647)."""
         found: dict[str, list[int]] = {LHS_HOLES: [], PADDED_CONV: []}
         for i, node in enumerate(self.nodes):
-            attrs = ConvAttrs(*node.attrs) if node.op == CONV else None
+            spec = OPS.get(node.op)
+            attrs = ConvAttrs(*node.attrs) if spec is not None and spec.attributes is ConvAttrs else None
             if attrs is not None and max(attrs.lhs_dilation) > 1:
                 found[LHS_HOLES].append(i)
-            elif attrs is not None and node.rewritten and max((*attrs.pad_low, *attrs.pad_high)) > 0:
+            elif node.op == CONV and node.rewritten and max((*attrs.pad_low, *attrs.pad_high)) > 0:
                 found[PADDED_CONV].append(i)
         return found
 

@@ -94,7 +94,7 @@ def test_a_result_more_accurate_than_jax_jits_is_no_mismatch() -> None:
 
 
 @pytest.mark.parametrize(
-    "seed, index", [(2040, 122), (2041, 54), (2042, 1358), (2042, 1611), (2042, 2875), (2046, 1647)]
+    "seed, index", [(2040, 122), (2041, 54), (2042, 1358), (2042, 1611), (2042, 2875), (2046, 1647), (2046, 2793)]
 )
 def test_special_values_on_a_later_call_give_jits_answer(seed: int, index: int) -> None:
     """Found by the later call with special values (issue 42). Seed 2040, case 122: a naive softmax made stable
@@ -104,7 +104,9 @@ def test_special_values_on_a_later_call_give_jits_answer(seed: int, index: int) 
     where jax.jit's does not (convs with lhs dilation are watched now); case 2875: a float16 one-hot product widened
     to float32 is NaN beside the label where XLA's float16 select is not (a one-hot product stays narrow now). Seed
     2046, case 1647: two padded sibling convs merged into one multiply the padding by an inf weight where jax.jit's
-    single-channel conv skips it (re-formed padded convs are watched now)."""
+    single-channel conv skips it (re-formed padded convs are watched now); case 2793: a grouped conv's input gradient
+    (lhs-dilated) as shifted slices multiplies every hole by an inf weight, where jax.jit's conv in a scan multiplies
+    fewer (alternative kernels of lhs-dilated convs are watched too)."""
     outcome = fuzz.run_case(fuzz_cases.draw_case(seed, index))
     assert outcome.status == "ok", outcome.detail
 
