@@ -111,6 +111,14 @@ def test_special_values_on_a_later_call_give_jits_answer(seed: int, index: int) 
     assert outcome.status == "ok", outcome.detail
 
 
+def test_the_reference_is_jax_jit_in_eqsats_place() -> None:
+    """Seed 2046, case 2441: under an eager jax.grad, jax.jit(fun) in eqsat's place rounds a one-element softmax's
+    gradient to -6e-14, where jax.jit of the whole gradient gives 0; eqsat, running the original program, gives the
+    former. The reference is jax.jit under the same transformation, not the transformation under jax.jit."""
+    outcome = fuzz.run_case(fuzz_cases.draw_case(2046, 2441))
+    assert outcome.status == "ok", outcome.detail
+
+
 @pytest.mark.parametrize("index", [8427, 9552])
 def test_sums_that_overflow_midway_at_extreme_magnitudes_are_no_mismatch(index: int) -> None:
     """Seed 2037: case 8427 (bfloat16 dense layers in a fori body, inputs scaled to 1e30: the products overflow and

@@ -1,5 +1,6 @@
 """Differential fuzzing of the whole pipeline: random JAX programs through optimize(), under random
-transformations and calling contexts, against jax.jit of the same program.
+transformations and calling contexts, against jax.jit of the same program: jax.jit in eqsat's place under the same
+transformation (a user's swap; jax.grad of a jitted function rounds otherwise than jax.jit of the whole gradient).
 
 The programs are those `rules check` draws (eqsat/tools/generators.py: one generator per op of the table and per rule
 pattern, the kernel-selection alternatives, convolution gradients and pools included), over float32, bfloat16,
@@ -163,8 +164,8 @@ def run_case(case: Case) -> Outcome:
     try:
         if transform == "optimize-grad":
             reference_fn = jax.jit(jax.grad(_loss(fun), argnums=_float_args(args)))
-        else:
-            reference_fn = jax.jit(_under(transform, fun, args))
+        else:  # jax.jit in eqsat's place under the same transformation: what a user who swaps them compares
+            reference_fn = _under(transform, jax.jit(fun), args)
         expected = reference_fn(*args)
         eager = expected if transform in ("eager", "jit", "background") else jax.jit(fun)(*_unbatched(args, transform))
     except Exception as error:  # the transformation does not apply to this program (jax.jit's own refusal)
