@@ -132,17 +132,18 @@ class Plan:
         found: dict[str, list[int]] = {LHS_HOLES: [], PADDED_CONV: []}
         for i, node in enumerate(self.nodes):
             spec = OPS.get(node.op)
-            attrs = ConvAttrs(*node.attrs) if spec is not None and spec.attributes is ConvAttrs else None
-            if attrs is not None and max(attrs.lhs_dilation) > 1:
+            if spec is None or spec.attributes is not ConvAttrs:
+                continue
+            attrs = ConvAttrs(*node.attrs)
+            if max(attrs.lhs_dilation) > 1:
                 found[LHS_HOLES].append(i)
             elif node.op == CONV and node.rewritten and max((*attrs.pad_low, *attrs.pad_high)) > 0:
                 found[PADDED_CONV].append(i)
         return found
 
     def rules_involved(self) -> list[str]:
-        """The rules a mismatch depends on, where validation found one (re-planning with subsets of the fired
-        rules, see eqsat.checks.validate.blame); otherwise every rule that fired, the set the plan was extracted
-        from."""
+        """The rules a mismatch depends on, where validation found one (re-planning with subsets of the fired rules:
+        eqsat/planning/refusals.py blame); otherwise every rule that fired, the set the plan was extracted from."""
         return list(self.blamed) if self.blamed is not None else sorted(self.rules_fired)
 
     def summary(self) -> str:

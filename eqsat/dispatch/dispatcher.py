@@ -6,9 +6,9 @@ A call goes to jax.jit; where jax.jit traces a signature not planned yet, the pi
 capture -> saturate -> extract -> lower) builds its plan from the signature's abstract values under jax's eval context,
 so planning never sees the trace (stopping the trace and calling again instead costs jax.jit's C++ fast path: a
 signature whose first trace raised stays on the Python path, 60 us a call where 4 us is usual). A plan's first use
-validates it (eqsat/checks/validate.py). A call that owes nothing (no plan to validate, switch to or budget, nothing
-traced since its object last settled: the shared plans' epoch has not moved) is jax.jit's call alone
-(benches/dispatch.py).
+validates it (eqsat/checks/validate.py). A call that owes nothing (no plan to validate, switch to or budget,
+nothing traced since its object last settled: the shared plans' epoch has not moved) is jax.jit's call
+alone (benches/dispatch.py).
 
 With background on (the default), a call's first trace of a signature runs the original, as jax.jit would, and the
 signature's plan is built, validated, timed and compiled on the planning thread (eqsat/support/background.py); the calls

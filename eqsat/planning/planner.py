@@ -254,10 +254,10 @@ class Planner:
             if index in bodies and (node.op == GET) == graph.opaque[index].multiple_results:
                 calls[i] = index
         watched = [i for i in calls if _may_overflow(plan.nodes[i].dtype)]
-        convs = [why for why, nodes in zeros.items() if nodes]
-        rules = (real if frontier else []) + convs + [r for i in watched for r in bodies[calls[i]]]
+        conv_reasons = [why for why, nodes in zeros.items() if nodes]
+        rules = (real if frontier else []) + conv_reasons + [r for i in watched for r in bodies[calls[i]]]
         plan.overflow_watch = sorted(set(rules))
-        return frontier + [i for why in convs for i in zeros[why]] + watched
+        return frontier + [i for nodes in zeros.values() for i in nodes] + watched
 
     def _unwatched_if_as_cheap(self, graph: Graph, plan: Plan, prepared: bool) -> Plan:
         """The plan, or where rules marked `; @real` fired and would put it under the overflow watch, the plan

@@ -83,10 +83,11 @@ def plan_from_dict(data: dict[str, Any]) -> Plan:
 
 def _renamed(plan: dict[str, Any], version: int) -> dict[str, Any]:
     """A plan of an older version with its fields, and its nodes' fields, as this version names them."""
-    nodes = (
-        plan["nodes"] if version >= 3 else [{_RENAMED_NODE.get(k, k): v for k, v in n.items()} for n in plan["nodes"]]
-    )
-    return {(_RENAMED_PLAN.get(k, k) if version < 4 else k): v for k, v in plan.items()} | {"nodes": nodes}
+
+    def renamed(fields: dict[str, Any], names: dict[str, str], renamed_in: int) -> dict[str, Any]:
+        return {names.get(k, k): v for k, v in fields.items()} if version < renamed_in else fields
+
+    return renamed(plan, _RENAMED_PLAN, 4) | {"nodes": [renamed(n, _RENAMED_NODE, 3) for n in plan["nodes"]]}
 
 
 def save_plan(plan: Plan, path: str | Path) -> Path:
