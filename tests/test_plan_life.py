@@ -137,6 +137,23 @@ def test_trusted_unplanned_and_built_in_the_background():
     assert _life(tiered) == (S.KEPT, [E.PLANNED, E.VALIDATED, E.KEPT])
 
 
+def test_planning_moves_no_entry_the_dispatcher_gives_it_its_first_state():
+    """Issue 44 item 1: planning returns an entry still new, with the events of its first state; the dispatcher
+    applies them as it takes the entry."""
+    args = _args()
+    fast = eqsat.optimize(lambda *a: _chain(*a), background=False)
+    calls = fast._calls
+    _, signature = calls.signature(tuple(args), {})
+    new = calls.planner.build(signature, False)
+    assert new.entry.state is S.NEW and new.entry.history == [] and new.events == (E.PLANNED,)
+    assert new.becomes is S.BUILT and new.runs_plan
+    plain = eqsat.optimize(lambda x: x + 1.0)._calls
+    unplanned = plain.planner.build(plain.signature((jnp.ones(4),), {})[1], False)
+    assert unplanned.entry.state is S.NEW and unplanned.becomes is S.ORIGINAL and not unplanned.runs_plan
+    fast(*args)  # the dispatcher's entry went through its first state
+    assert _life(fast) == (S.KEPT, [E.PLANNED, E.VALIDATED, E.KEPT])
+
+
 def test_an_illegal_transition_names_the_state_and_event():
     entry = Entry(None, None, None, None).move(E.UNPLANNED)
     with pytest.raises(IllegalTransition, match="a plan original cannot be validated"):

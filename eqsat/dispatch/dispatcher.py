@@ -35,7 +35,7 @@ from eqsat.dispatch.verdicts import Verdicts
 from eqsat.planning.planner import Captured, Planner
 from eqsat.plans.options import ResolvedOptions
 from eqsat.plans.plan_cache import Handoff, PerThread, SharedPlans, per_thread, shared_plans
-from eqsat.plans.plan_life import Entry, Event, State
+from eqsat.plans.plan_life import Entry, Event, NewEntry, State
 from eqsat.plans.sharding import partitioned
 from eqsat.plans.signature import Signature, concrete, examples, signature_of, threads_share
 from eqsat.support import background, processes
@@ -74,7 +74,7 @@ class Dispatcher(Verdicts):
         self.dispatch.reset()
 
     def info(self) -> dict[str, int]:
-        planning = sum(1 for e in self.cache.values() if e.job is not None and not e.job.done())
+        planning = sum(1 for e in self.cache.values() if e.state is State.BUILDING and not e.job.done())
         return {"plans": len(self.cache), "cache_size": self.cache.size, "planning": planning}
 
     def call(self, args: tuple, kwargs: dict[str, Any]) -> Any:
@@ -183,7 +183,7 @@ class Dispatcher(Verdicts):
         """stage(jax.jit object): a call, trace or lowering, then settled; of the plan, where one is being built."""
         _, signature = self.signature(args, kwargs)
         pending = self.cache.get((signature, False))
-        if pending is not None and pending.job is not None:
+        if pending is not None and pending.state is State.BUILDING:
             self.entry(signature)
         unsettled, builds = bool(self.plans.unchecked), self.plans.builds
         with self._staged():
@@ -297,10 +297,10 @@ class Dispatcher(Verdicts):
         runs the original while the plan is built, validated, timed and compiled on the planning thread
         (validating and timing a model's plan is seconds: NASNet-A's, 5; compiling it, 2-3 more)."""
         if not tiered or prepared or self.options.memory_budget is not None:
-            return self.planner.build(signature, prepared)
+            return _first_state(self.planner.build(signature, prepared))
         captured = self.planner.capture(signature)  # on this thread: the user's function traced as jax.jit would
-        if isinstance(captured, Entry):
-            return captured
+        if isinstance(captured, NewEntry):
+            return _first_state(captured)
         handoff = Handoff()  # the call's own arguments, once it has run, unless donating them deletes them
         background.pause()  # planning starts once this call has compiled and run the original
         self._pending.handoff = handoff
@@ -310,7 +310,7 @@ class Dispatcher(Verdicts):
             functools.partial(_plan_weakly, weakref.ref(self), signature, prepared, weakref.ref(captured), handoff)
         )
         job.add_done_callback(functools.partial(_failed, weakref.ref(self.plans)))  # keeps no plan alive
-        return self.planner.pending_entry(signature, captured, job)
+        return _first_state(self.planner.pending_entry(signature, captured, job))
 
     @unexplained
     def _background_plan(self, signature: Signature, prepared: bool, captured: Captured, call: tuple | None) -> Entry:
@@ -318,7 +318,7 @@ class Dispatcher(Verdicts):
         examples where they were donated), compiled as the dispatch runs it in a fresh dispatch the calls switch
         to (the call that switches only dispatches), and put in the cache; then the calls are told. A sharded
         plan is validated by that call, which also checks its collectives against jax.jit's."""
-        entry = self.planner.build(signature, prepared, captured)
+        entry = _first_state(self.planner.build(signature, prepared, captured))
         if entry.unvalidated:
             with jax.ensure_compile_time_eval():
                 flat = examples(signature) if call is None else self.signature(*call)[0]
@@ -333,7 +333,9 @@ class Dispatcher(Verdicts):
         warm = self._compiled(key, entry, call) if not entry.unvalidated and call is not None else None
         with self.plans.building(signature):
             pending = self.cache.get(key)
-            if pending is None or pending.job is None:  # forgotten meanwhile (clear_cache, the LRU bound)
+            if (
+                pending is None or pending.state is not State.BUILDING
+            ):  # forgotten meanwhile (clear_cache, the LRU bound)
                 return entry
             self._install(key, entry)
             self._warm = warm or self._warm
@@ -424,7 +426,12 @@ def _unplanned(pending: Entry) -> Entry:
     return Entry(pending.signature, pending.plan, pending.original, pending.out_tree).move(Event.UNPLANNED)
 
 
+def _first_state(new: NewEntry) -> Entry:
+    """An entry planning made, moved by its first events (planning moves no entry)."""
+    return new.entry.move(*new.events)
+
+
 def _takes_job(entry: Entry, tiered: bool) -> bool:
     """Whether a lookup takes the plan the entry's background job builds: a finished one, or any where the
     caller cannot run the original meanwhile."""
-    return entry.job is not None and (entry.job.done() or not tiered)
+    return entry.state is State.BUILDING and (entry.job.done() or not tiered)

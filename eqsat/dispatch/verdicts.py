@@ -1,7 +1,7 @@
 """The dispatcher's half that settles plans: it asks the checks (eqsat/checks/validate.py, eqsat/checks/budget.py) for
 their verdicts, asks planning (eqsat/planning/refusals.py) what to do where one refuses a plan, and applies what they
-return to the entry's life (eqsat/plans/plan_life.py): the only code that moves an entry once it is built. A mixin of
-Dispatcher (eqsat/dispatch/dispatcher.py), which decides when a call settles.
+return to the entry's life (eqsat/plans/plan_life.py). A mixin of Dispatcher (eqsat/dispatch/dispatcher.py), which
+decides when a call settles and gives new entries their first state: the two are the only code that moves an entry.
 """
 
 from collections.abc import Callable
@@ -64,6 +64,8 @@ class Verdicts:
                 with jax.ensure_compile_time_eval():  # runs concretely even inside a caller's jit, scan or grad
                     flat = examples(entry.signature) if flat is None else flat
                 self._apply(entry, self._compared(entry, flat, got))
+                if entry.state is State.BUILT:  # replanned (a stored plan differed): the fresh plan compared
+                    self._apply(entry, self._compared(entry, flat, None))
                 ran = None if entry.mismatched else ran  # what the call ran does not run any more
                 if entry.state is State.VALIDATED and partitioned(flat, entry.plan.graph):
                     added = validate.collectives(entry, flat)

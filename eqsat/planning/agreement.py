@@ -16,7 +16,7 @@ from eqsat.extract.cost import keep_cache
 from eqsat.extract.timing import TimingCache, Wanted, cache_for, local_device, measure
 from eqsat.plans import plan_store
 from eqsat.plans.plan_json import PlanFormatError, plan_from_dict, plan_to_dict
-from eqsat.plans.plan_life import Entry
+from eqsat.plans.plan_life import NewEntry
 from eqsat.plans.signature import Signature
 from eqsat.support import processes
 from eqsat.support.errors import EqsatError
@@ -25,22 +25,22 @@ if TYPE_CHECKING:
     from eqsat.planning.planner import Captured, Planner
 
 
-def agreed(planner: "Planner", signature: Signature, prepared: bool, captured: "Captured") -> Entry:
+def agreed(planner: "Planner", signature: Signature, prepared: bool, captured: "Captured") -> NewEntry:
     """The signature's entry, the same in every process; it records the topic its processes agree under, for the
     checks that combine their verdicts (eqsat/checks/validate.py)."""
     profile = planner.options.target_profile
     topic = "plan/" + plan_store.program_key(captured.closed, (profile.name, prepared), portable=True)
     versions = f"eqsat {plan_store.code_version()}, jax {jax.__version__}"
-    entry: Entry | None = None
+    new: NewEntry | None = None
     problem = None
     if processes.leads():
         try:
             with processes.leading(topic):  # its kernel measurements are shared out (`measured_everywhere`)
-                entry = planner.build_here(signature, prepared, captured)
+                new = planner.build_here(signature, prepared, captured)
         except EqsatError as error:  # a bad rule or a shape conflict: raised in every process
             processes.share(topic, json.dumps({"error": str(error)}))
             raise
-        plan = {**plan_to_dict(entry.plan), "original": None}  # the others captured the original themselves
+        plan = {**plan_to_dict(new.entry.plan), "original": None}  # the others captured the original themselves
         processes.share(topic, json.dumps({"plan": plan, "versions": versions}))
     else:
         shared = json.loads(processes.share(topic, None))
@@ -49,13 +49,13 @@ def agreed(planner: "Planner", signature: Signature, prepared: bool, captured: "
             shared = json.loads(processes.share(topic, None))
         if "error" in shared:
             raise EqsatError(shared["error"])
-        entry, problem = _adopted(planner, signature, prepared, captured, shared, versions)
+        new, problem = _adopted(planner, signature, prepared, captured, shared, versions)
     problems = processes.gather(f"{topic}/lowered", problem or "")
-    if entry is None or any(problems):
+    if new is None or any(problems):
         i, why = next((i, p) for i, p in enumerate(problems) if p)
-        entry = planner.fallback_entry(signature, captured, f"process {i} cannot run process 0's plan ({why})")
-    entry.agreement = topic
-    return entry
+        new = planner.fallback_entry(signature, captured, f"process {i} cannot run process 0's plan ({why})")
+    new.entry.agreement = topic
+    return new
 
 
 def _adopted(
@@ -65,7 +65,7 @@ def _adopted(
     captured: "Captured",
     shared: dict[str, Any],
     versions: str,
-) -> tuple[Entry | None, str | None]:
+) -> tuple[NewEntry | None, str | None]:
     """The entry of process 0's plan (`shared`) in this process, or what keeps it from running here. It is not
     stored: process 0 keeps the job's plans."""
     if shared["versions"] != versions:

@@ -1,7 +1,8 @@
 """Planning, one signature at a time: capture -> optimize sub-program bodies -> saturate -> extract (-> auto-tune)
--> an Entry that runs the plan, or the original where nothing pays.
+-> an entry that runs the plan, or the original where nothing pays.
 
-Plain values in and out: a function, its frozen ResolvedOptions and a Signature give an Entry. The wrapper
+Plain values in and out: a function, its frozen ResolvedOptions and a Signature give a NewEntry (an entry with the
+first events of its life, which the dispatcher applies: planning moves no entry). The wrapper
 (eqsat/dispatch/dispatcher.py) calls this outside the trace of the jax.jit that runs the plans; capture traces the
 function on abstract values, so a plan can be built under any transformation of the caller.
 """
@@ -33,7 +34,7 @@ from eqsat.planning import agreement, repeats
 from eqsat.planning.autotune import autotune
 from eqsat.plans import plan_store
 from eqsat.plans.options import ResolvedOptions
-from eqsat.plans.plan_life import Entry, Event
+from eqsat.plans.plan_life import Entry, Event, NewEntry
 from eqsat.plans.sharding import body_tracing
 from eqsat.plans.signature import Signature, examples, flat_function, inputs_of, signature_of
 from eqsat.support import background, processes, progress
@@ -89,7 +90,7 @@ class Planner:
         except Exception:
             return f"a {type(self.fun).__name__} object"
 
-    def capture(self, signature: Signature) -> Captured | Entry:
+    def capture(self, signature: Signature) -> Captured | NewEntry:
         """The signature's program, traced once (its saturation keeps it); an entry that runs the original where
         no plan could hold the program. An error in the user's function reaches the caller as it is."""
         if signature in self.saturated:
@@ -108,18 +109,18 @@ class Planner:
             return self.original_entry(signature, flat_fun, out_tree_of(), why)
         return Captured(flat_fun, out_tree_of(), closed, time.perf_counter() - t0)
 
-    def build(self, signature: Signature, prepared: bool, captured: Captured | None = None) -> Entry:
+    def build(self, signature: Signature, prepared: bool, captured: Captured | None = None) -> NewEntry:
         """Capture (unless given) and saturate once per signature; extract and lower once per signature and mode.
 
         A failure of eqsat's own machinery after capture warns and runs the original."""
         captured = captured or self.capture(signature)
-        if isinstance(captured, Entry):
+        if isinstance(captured, NewEntry):
             return captured
         if processes.count() > 1:
             return agreement.agreed(self, signature, prepared, captured)
         return self.build_here(signature, prepared, captured)
 
-    def build_here(self, signature: Signature, prepared: bool, captured: Captured) -> Entry:
+    def build_here(self, signature: Signature, prepared: bool, captured: Captured) -> NewEntry:
         """This process's plan of the captured program: stored, or saturated and extracted here."""
         t0 = time.perf_counter() - captured.seconds
         flat_fun, out_tree, closed = captured.flat_fun, captured.out_tree, captured.closed
@@ -155,19 +156,19 @@ class Planner:
         captured: Captured,
         plan: Plan,
         call: Callable[..., list[Any]] | None,
-    ) -> Entry:
+    ) -> NewEntry:
         """The entry of a plan made by another process (eqsat/planning/agreement.py) and lowered here (`lowered`)."""
         flat_fun, out_tree, closed = captured.flat_fun, captured.out_tree, captured.closed
         return self._entry_of(signature, plan, flat_fun, out_tree, closed, prepared, None, Event.LOADED, call)
 
-    def fallback_entry(self, signature: Signature, captured: Captured, why: str) -> Entry:
+    def fallback_entry(self, signature: Signature, captured: Captured, why: str) -> NewEntry:
         """An entry that runs the captured program as jax.jit would, saying why."""
         return self.original_entry(signature, _original(captured.closed), captured.out_tree, why)
 
     def plan(self, args: tuple, kwargs: dict[str, Any] | None = None, prepared: bool = False) -> Plan:
         """The plan for arguments of these shapes and dtypes, built afresh (not kept)."""
         _, signature = signature_of(args, kwargs or {}, self.options.static_argnums, self.options.static_argnames)
-        return self.build(signature, prepared).plan
+        return self.build(signature, prepared).entry.plan
 
     def extract(
         self,
@@ -279,20 +280,20 @@ class Planner:
 
     def original_entry(
         self, signature: Signature, call: Callable[..., Any], out_tree: Any, why: str, job: Future | None = None
-    ) -> Entry:
+    ) -> NewEntry:
         """An entry that runs the original, with a plan of no nodes that says why; `job`: the plan being built
         in the background meanwhile."""
         log.info("eqsat: %s; the original runs", why)
         profile = self.options.target_profile.name
         plan = Plan(profile, [], [], [], Cost(), Cost(), StopReason.NOT_PLANNED, fallback=why)
-        return Entry(signature, plan, call, out_tree, job=job).move(Event.PENDING if job else Event.UNPLANNED)
+        return NewEntry(Entry(signature, plan, call, out_tree, job=job), (Event.PENDING if job else Event.UNPLANNED,))
 
-    def pending_entry(self, signature: Signature, captured: Captured, job: Future) -> Entry:
+    def pending_entry(self, signature: Signature, captured: Captured, job: Future) -> NewEntry:
         """The entry of a signature whose plan `job` builds: the original, from the captured jaxpr."""
         why = f"{self.name}'s plan is being built in the background"
-        entry = self.original_entry(signature, _original(captured.closed), captured.out_tree, why, job)
-        entry.captured = captured
-        return entry
+        new = self.original_entry(signature, _original(captured.closed), captured.out_tree, why, job)
+        new.entry.captured = captured
+        return new
 
     def _graph(self, closed: jcore.ClosedJaxpr, signature: Signature) -> Graph:
         """The captured graph, each input with its role and path, its sub-program bodies optimized."""
@@ -338,7 +339,7 @@ class Planner:
             return None
         return plan_store.program_key(closed, (*self.options.store_settings, *what))
 
-    def _plan_entry(self, signature: Signature, prepared: bool, key: str | None, done: Saturated) -> Entry:
+    def _plan_entry(self, signature: Signature, prepared: bool, key: str | None, done: Saturated) -> NewEntry:
         t2 = time.perf_counter()
         options = self.options
         progress.begin("extract", f"extract ({options.extractor}{', parameters prepared' if prepared else ''})")
@@ -374,18 +375,18 @@ class Planner:
         origin: Event,
         call: Callable[..., list[Any]] | None = None,
         original: Callable[..., list[Any]] | None = None,
-    ) -> Entry:
+    ) -> NewEntry:
         """The entry that runs a plan (`origin`: planned now, and then stored where a key is given; or loaded:
         kept from another process, with its program `call`), validated on first use."""
         original = original or _original(closed)
         stored = [Event.STORED] if key and origin is Event.PLANNED else []
         if self.nothing_to_gain(plan) or plan.fallback:  # run the original program exactly as jax.jit would
-            return Entry(signature, plan, original, out_tree, key=key).move(Event.UNPLANNED, *stored)
+            return NewEntry(Entry(signature, plan, original, out_tree, key=key), (Event.UNPLANNED, *stored))
         checked = self.options.validate  # a plan kept from another process too: each process validates
         reference = _COMPILER.submit(_compiled_reference, original, closed) if checked else None
         call = call or self.runner(plan, flat_fun, closed)
         entry = Entry(signature, plan, original, out_tree, call, prepared, reference, key)
-        return entry.move(origin, *stored, *([] if checked else [Event.TRUSTED]))
+        return NewEntry(entry, (origin, *stored, *([] if checked else [Event.TRUSTED])))
 
     def _optimize_bodies(self, graph: Graph) -> None:
         """Optimize the bodies of scan, while, cond, remat and shard_map calls as programs of their own, in place;

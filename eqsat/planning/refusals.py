@@ -59,21 +59,18 @@ def mismatched(planner: Planner, entry: Entry, flat: list[Any], found: validate.
 
 
 def _planned_again(planner: Planner, entry: Entry, flat: list[Any]) -> Verdict:
-    """The entry planned afresh (its stored plans set aside) and compared on flat: replanned, or mismatched where
-    the fresh plan runs the original; either way a call that ran the stored plan runs again."""
+    """The entry planned afresh (its stored plans set aside): replanned, with the fresh plan, which the dispatcher
+    compares again on flat; or mismatched where the fresh plan runs the original. Either way a call that ran the
+    stored plan runs again."""
     planner.saturated.pop(entry.signature, None)  # its graph holds the stored body plans
     with jax.core.eval_context():
         fresh = planner.build(entry.signature, entry.prepared)
-    if fresh.reference is not None:  # the entry's own reference compiles the same original
-        fresh.reference.cancel()
-    if fresh.running is fresh.original:
-        return Verdict((Event.MISMATCHED,), fresh.plan)
-    stored = (Event.STORED,) if Event.STORED in fresh.history else ()
-    replanned = Verdict((Event.REPLANNED, *stored), fresh.plan, fresh.plan_program)
-    if not fresh.unvalidated:
-        return replanned
-    found = validate.results(fresh, flat, None, planner.narrow_source(fresh.signature))
-    return replanned.then(found.verdict or mismatched(planner, fresh, flat, found))
+    if fresh.entry.reference is not None:  # the entry's own reference compiles the same original
+        fresh.entry.reference.cancel()
+    if not fresh.runs_plan:
+        return Verdict((Event.MISMATCHED,), fresh.entry.plan)
+    stored = (Event.STORED,) if Event.STORED in fresh.events else ()
+    return Verdict((Event.REPLANNED, *stored), fresh.entry.plan, fresh.entry.plan_program)
 
 
 def blame(planner: Planner, entry: Entry, flat: list[Any], k: int, want: Any) -> tuple[list[str], bool]:

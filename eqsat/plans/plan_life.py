@@ -14,9 +14,10 @@
 
 `built`, `validated`, `trial` and `kept` run the plan; `building`, `measuring`, `original` and `cleared` run the
 original. In `trial` and `measuring` the guard was undecided: live calls go on timing both (eqsat/numerics/guard.py).
-Validation, the guard and the memory budget return verdicts (eqsat/checks/validate.py, eqsat/checks/budget.py), as does
-planning's answer to a refusal (eqsat/planning/refusals.py); the calls' side (eqsat/dispatch/dispatcher.py) applies them
-here, so that what an entry runs changes in this module only. `stored` records
+Planning returns the entries it makes still new, with their first events (NewEntry); validation, the guard and the
+memory budget return verdicts (eqsat/checks/validate.py, eqsat/checks/budget.py), as does planning's answer to a refusal
+(eqsat/planning/refusals.py); the calls' side (eqsat/dispatch/) applies them here, so that what an entry runs changes in
+this module only, at the dispatcher's request. `stored` records
 that the plan (or its refusal) was written to the plan store (eqsat/plans/plan_store.py).
 """
 
@@ -213,3 +214,24 @@ class Entry:
     def mismatched(self) -> bool:
         """Its plan gave other results than the original's at some point: a call that ran it runs again."""
         return Event.MISMATCHED in self.history or Event.REPLANNED in self.history
+
+
+@dataclass(frozen=True)
+class NewEntry:
+    """An entry planning made (eqsat/planning/planner.py), still new, and the first events of its life: the
+    dispatcher applies them as it takes the entry, so that no module but the dispatcher moves an entry."""
+
+    entry: Entry
+    events: tuple[Event, ...]
+
+    @property
+    def becomes(self) -> State:
+        """The state its first events take it to (TRANSITIONS), without taking it there."""
+        state = self.entry.state
+        for event in self.events:
+            state = TRANSITIONS[state, event]
+        return state
+
+    @property
+    def runs_plan(self) -> bool:
+        return self.becomes in _RUN_PLAN and self.entry.plan_program is not None
