@@ -16,7 +16,7 @@ from eqsat.capture.jaxpr import capture
 from eqsat.egraph.check import evaluate
 from eqsat.egraph.rule_sources import collect
 from eqsat.egraph.saturate import Saturation, saturate
-from eqsat.extract.plan import LHS_HOLES, PADDED_CONV
+from eqsat.extract.plan import BATCH_GROUPED, LHS_HOLES, PADDED_CONV
 from eqsat.ops.table import OPS, ConvAttrs, infer
 
 RNG = np.random.default_rng(26)
@@ -24,7 +24,7 @@ LAYOUTS = {1: ("NWC", "WIO", "NWC"), 2: ("NHWC", "HWIO", "NHWC"), 3: ("NDHWC", "
 CONVS = ("Conv", "ShiftConv", "PatchConv", "ShiftConvBG", "PhaseConv", "DotConv", "PointwiseDot")
 
 # the watched conv forms: where an inf or NaN weight or cotangent meets them otherwise than XLA's conv (issue 42)
-FENCED = {"depthwise-grad-shifted", "transposed-phases", LHS_HOLES, PADDED_CONV}
+FENCED = {"depthwise-grad-shifted", "transposed-phases", LHS_HOLES, BATCH_GROUPED, PADDED_CONV}
 
 
 def normal(*shape: int) -> jax.Array:

@@ -41,15 +41,19 @@ _SUMS = ("dot_general", "conv_general_dilated", "reduce_sum", "reduce_window_sum
 Hook = Callable[[core.JaxprEqn, list[Any], dict[str, Any], list[Any]], list[Any]]
 
 
-def widened(fun: Callable[..., Any], flat: list[Any], wide: np.dtype, rounded_up: bool = False) -> list[Any] | None:
+def widened(
+    fun: Callable[..., Any], flat: list[Any], wide: np.dtype, rounding: float = 0.0, seed: int = 0
+) -> list[Any] | None:
     """fun's results on flat with every float narrower than `wide` (bfloat16 and float16 conversions aside)
     computed in `wide`, a sum undetermined by the program's own type NaN; None where the program cannot be evaluated
-    so. `rounded_up`: every operation's float result moved an ulp of `wide` up, so that the difference from the plain
-    evaluation shows how far `wide`'s own rounding blurs each result (log(sum(exp(x))) of x = 1e-31 is 0 in float64:
-    exp(x) rounds to 1)."""
+    so. `rounding`: every operation's float results moved by up to that share of themselves, up or down, at random
+    element by element (`seed`), as random rounding (CESTAC) estimates how far rounding at that precision blurs each
+    result (uniform, not an ulp up or down: a sum of equal moves of both signs would cancel as exactly as the terms):
+    two compilations of one float32 program round differently (XLA contracts a product and a sum into one FMA in one
+    fusion and not in another, so a*b - a*b is 0 in one and a*b's rounding error in the other)."""
     try:
         closed = jax.make_jaxpr(fun)(*flat)
-        after = _undetermined_rounded_up if rounded_up else _undetermined
+        after = _rounded_at_random(rounding, np.random.default_rng(seed)) if rounding else _undetermined
         results = _evaluate(closed.jaxpr, closed.consts, [_widen(x, wide) for x in flat], wide, after)
     except Exception:  # a primitive that refuses the wide values
         return None
@@ -72,15 +76,34 @@ def _undetermined(eqn: core.JaxprEqn, inputs: list[Any], params: dict[str, Any],
     return [jnp.where(magnitude > float(jnp.finfo(dtype).max), jnp.nan, outs[0])]
 
 
-def _undetermined_rounded_up(
-    eqn: core.JaxprEqn, inputs: list[Any], params: dict[str, Any], outs: list[Any]
-) -> list[Any]:
-    """_undetermined, then each float result times 1 + eps of its own type: rounded an ulp up."""
-    outs = _undetermined(eqn, inputs, params, outs)
-    return [
-        x * jnp.asarray(1 + jnp.finfo(x.dtype).eps, x.dtype) if _is_float(getattr(x, "dtype", None)) else x
-        for x in outs
-    ]
+# the primitives whose float results round (a max, a select, a gather or a reshape moves no value: a max moved
+# would make x - max(x) positive, and exp of it overflow)
+_ROUNDING = frozenset(
+    {
+        *("add", "add_any", "sub", "mul", "div", "rem", "pow", "integer_pow", "sqrt", "rsqrt", "cbrt"),
+        *("exp", "exp2", "expm1", "log", "log1p", "tanh", "logistic", "erf", "erfc", "erf_inv", "lgamma", "digamma"),
+        *("sin", "cos", "tan", "asin", "acos", "atan", "atan2", "sinh", "cosh", "asinh", "acosh", "atanh"),
+        *(*_SUMS, "reduce_prod", "cumprod", "cumlogsumexp", "logaddexp", "scatter-add", "scatter_add"),
+    }
+)
+
+
+def _rounded_at_random(rounding: float, rng: np.random.Generator) -> Hook:
+    """_undetermined, then each float result of a primitive that rounds (_ROUNDING) times 1 + r, r drawn uniformly in
+    [-rounding, rounding] per element."""
+
+    def after(eqn: core.JaxprEqn, inputs: list[Any], params: dict[str, Any], outs: list[Any]) -> list[Any]:
+        outs = _undetermined(eqn, inputs, params, outs)
+        if eqn.primitive.name not in _ROUNDING:
+            return outs
+        return [
+            x * jnp.asarray(1 + rounding * rng.uniform(-1.0, 1.0, np.shape(x)), x.dtype)
+            if _is_float(getattr(x, "dtype", None))
+            else x
+            for x in outs
+        ]
+
+    return after
 
 
 def _is_float(dtype: Any) -> bool:
