@@ -127,10 +127,11 @@ class Plan:
         """The convs whose zeros XLA:CPU multiplies by the weights (NaN where one is inf) or skips, as the emitter
         the program around them, or their own shape, leads it to; the overflow watch watches them. Those with lhs
         dilation (transposed convs, strided convs' input gradients), Conv or an alternative kernel of it: their holes
-        (fuzz seed 2042 cases 1358, 1611; a depthwise one as ShiftConv, seed 2046 case 2793); those with batch groups
+        (fuzz seed 2042 cases 1358, 1611; a depthwise one as ShiftConv, seed 2046 case 2793); Convs with batch groups
         (grouped convs' weight gradients), which XLA:CPU expands into a conv masked by a product with zeros, its NaNs
-        decided by the layout the plan lowers it in (seed 2047 case 1619); and the padded Convs the plan re-formed (a
-        merge of siblings: seed 2046 case 1647)."""
+        decided by the layout the plan lowers it in (seed 2047 case 1619; their alternative kernels come from a rule
+        marked `; @real`, watched as such); and the padded Convs the plan re-formed (a merge of siblings: seed 2046
+        case 1647)."""
         found: dict[str, list[int]] = {LHS_HOLES: [], BATCH_GROUPED: [], PADDED_CONV: []}
         for i, node in enumerate(self.nodes):
             spec = OPS.get(node.op)
@@ -139,7 +140,7 @@ class Plan:
             attrs = ConvAttrs(*node.attrs)
             if max(attrs.lhs_dilation) > 1:
                 found[LHS_HOLES].append(i)
-            elif attrs.batch_groups > 1:
+            elif node.op == CONV and attrs.batch_groups > 1:
                 found[BATCH_GROUPED].append(i)
             elif node.op == CONV and node.rewritten and max((*attrs.pad_low, *attrs.pad_high)) > 0:
                 found[PADDED_CONV].append(i)
