@@ -124,14 +124,11 @@ class Plan:
         return [i for i in sorted(read) if self.nodes[i].rewritten]
 
     def convs_over_zeros(self) -> dict[str, list[int]]:
-        """The convs whose zeros XLA:CPU multiplies by the weights (NaN where one is inf) or skips, as the emitter
-        the program around them, or their own shape, leads it to; the overflow watch watches them. Those with lhs
-        dilation (transposed convs, strided convs' input gradients), Conv or an alternative kernel of it: their holes
-        (fuzz seed 2042 cases 1358, 1611; a depthwise one as ShiftConv, seed 2046 case 2793); Convs with batch groups
-        (grouped convs' weight gradients), which XLA:CPU expands into a conv masked by a product with zeros, its NaNs
-        decided by the layout the plan lowers it in (seed 2047 case 1619; their alternative kernels come from a rule
-        marked `; @real`, watched as such); and the padded Convs the plan re-formed (a merge of siblings: seed 2046
-        case 1647)."""
+        """The convs whose zeros XLA:CPU multiplies by the weights (NaN where one is inf) or skips, as the program
+        around them or their own shape leads it to; the overflow watch watches them. Those with lhs dilation, Conv or
+        an alternative kernel (fuzz seed 2042 cases 1358, 1611; seed 2046 case 2793); Convs with batch groups, which
+        XLA:CPU masks by a product with zeros, NaN by the layout (seed 2047 case 1619; their alternative kernels come
+        from a rule marked `; @real`); the padded Convs the plan re-formed (sibling merges: seed 2046 case 1647)."""
         found: dict[str, list[int]] = {LHS_HOLES: [], BATCH_GROUPED: [], PADDED_CONV: []}
         for i, node in enumerate(self.nodes):
             spec = OPS.get(node.op)

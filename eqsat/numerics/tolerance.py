@@ -121,9 +121,9 @@ def less_accurate(
     """The first result the plan computes less accurately than the original, judged against the original
     evaluated in float64 on these inputs, which neither program's rounding blurs; None where every result that
     differs is about as accurate as the original's own (its largest error against the float64 reference within
-    ACCURACY_FACTOR of the original's, plus a few roundings of the result's scale, plus ACCURACY_FACTOR times what
-    the program's own rounding leaves undetermined at each element: the reference evaluated again with every
-    operation's results an ulp of the program's type off at random (_rounded_at_random); at an element the original
+    ACCURACY_FACTOR of the original's, plus a few roundings of the result's scale, plus what the program's own
+    rounding leaves undetermined at each element: the reference evaluated again with every operation's results
+    moved by up to half an ulp of the program's type at random (_rounded_at_random); at an element the original
     determines to its own magnitude, the same by that magnitude: relative errors). Where the program does not run
     in float64 (an input it reads bit for bit), `unjudged`: what the caller found without the reference."""
     global _last_moved
@@ -139,7 +139,7 @@ def less_accurate(
         if exact is None or exact.shape != np.shape(want) or dtype.name not in VALIDATION_RTOL:
             return unjudged
         if dtype.name not in blurred:
-            blurred[dtype.name] = _rounded_at_random(original, flat, float(jnp.finfo(dtype).eps))
+            blurred[dtype.name] = _rounded_at_random(original, flat, float(jnp.finfo(dtype).eps) / 2)
         runs = blurred[dtype.name]
         blur = np.zeros(exact.shape)
         with np.errstate(invalid="ignore"):  # inf - inf: NaN, no blur
@@ -172,15 +172,15 @@ def _accuracy_problem(
         return None
     eps, magnitude = float(jnp.finfo(want.dtype).eps), np.abs(exact[finite])
     floor = _SCALE_ROUNDINGS * eps * float(np.max(magnitude)) + _subnormal_floor(want.dtype)
-    # where rounding at the program's own precision blurs the result, an error within a few times that blur is none
+    # where rounding at the program's own precision blurs the result, an error within that blur is none
     blur = np.nan_to_num(blur[finite], nan=0.0, posinf=0.0)
-    allowed = ACCURACY_FACTOR * (float(np.max(own_error)) + blur) + floor
+    allowed = ACCURACY_FACTOR * float(np.max(own_error)) + blur + floor
     # an element the original determines to its own magnitude (gelu's tail): the same judgment in relative terms,
     # against the original's largest relative error over such elements, never more than the scale allows
     own = _own_scale(want.dtype, w[finite], None if spread is None else np.broadcast_to(spread, finite.shape)[finite])
     own &= (magnitude > 0) & (spread is not None)
     relative = float(np.max(own_error[own] / magnitude[own], initial=0.0))
-    by_own = ACCURACY_FACTOR * (relative * magnitude + blur) + _SCALE_ROUNDINGS * eps * magnitude
+    by_own = ACCURACY_FACTOR * relative * magnitude + blur + _SCALE_ROUNDINGS * eps * magnitude
     if spread is not None:
         by_own = by_own + np.broadcast_to(spread, finite.shape)[finite]
     allowed = np.where(own, np.minimum(by_own, allowed), allowed)
@@ -192,7 +192,7 @@ def _accuracy_problem(
         f"elements, {relative:.3g}, plus {_SCALE_ROUNDINGS} roundings of the element, {allowed[i]:.3g} in all"
         if own[i]
         else f"at most {np.max(own_error):.3g} over the result, and {ACCURACY_FACTOR:g}x that plus {floor:.3g} is "
-        f"allowed, and {ACCURACY_FACTOR:g}x what rounding each operation at random moves it by there, {blur[i]:.3g}"
+        f"allowed, and what rounding each operation at random moves it by there, {blur[i]:.3g}"
     )
     return (
         f"result {k}: less accurate than the original, e.g. {h[finite][i]:.6g} where the float64 evaluation gives "
@@ -216,12 +216,12 @@ def _in_float64(
 _ROUNDING_RUNS = 3
 
 
-def _rounded_at_random(original: Callable[..., list[Any]], flat: list[Any], eps: float) -> list[list[np.ndarray]]:
-    """The original evaluated in float64 _ROUNDING_RUNS times with every operation's results an ulp of the program's
-    own type (`eps`) off, up or down at random: how far that type's rounding moves each result, whichever way a
-    compilation rounds (an element that cancels two products of 6e31 to 0 is undetermined by about 5e24 in float32:
-    XLA contracts one product into an FMA in one fusion and not in another)."""
-    runs = [_in_float64(original, flat, eps, seed) for seed in range(_ROUNDING_RUNS)]
+def _rounded_at_random(original: Callable[..., list[Any]], flat: list[Any], unit: float) -> list[list[np.ndarray]]:
+    """The original evaluated in float64 _ROUNDING_RUNS times with every operation's results moved by up to `unit`
+    (half an ulp of the program's own type: round to nearest), up or down at random: how far that type's rounding
+    moves each result, whichever way a compilation rounds (an element that cancels two products of 6e31 to 0 is
+    undetermined by about 5e24 in float32: XLA contracts one product into an FMA in one fusion and not in another)."""
+    runs = [_in_float64(original, flat, unit, seed) for seed in range(_ROUNDING_RUNS)]
     return [run for run in runs if run is not None]
 
 
