@@ -120,6 +120,19 @@ def test_a_sum_that_can_overflow_midway_is_undetermined():
     assert np.isnan(pooled[0]) and pooled[1] == 6  # |terms| add up beyond float16's 65504 in the first window only
 
 
+def test_what_an_undetermined_sum_decides_through_a_comparison_is_undetermined():
+    # fuzz seed 2048 case 91: a dot of two products of 1e43 and -2e43 is -1e43 in float64, NaN (inf - inf) in one
+    # float32 kernel and +inf in another (an FMA chain keeps the first overflow); relu's derivative of it is false
+    # for NaN and -1e43 and true for +inf, so the gradient below is 0 or 1 by the kernel: NaN, not the marked 0
+    x = jnp.asarray([[1e12, 1e12]], jnp.float32)
+    w = jnp.asarray([[1e31], [-2e31]], jnp.float32)
+    step = lambda x, w: [jnp.where(x @ w > 0, 1.0, 0.0), jnp.where(x[:, :1] > 0, 1.0, 0.0)]  # noqa: E731
+    with jax.enable_x64(True):
+        decided, plain = widened(step, [x, w], F64)
+    assert np.isnan(np.asarray(decided)).all()
+    np.testing.assert_array_equal(plain, [[1.0]])  # no undetermined sum on its way: determined
+
+
 def test_a_sum_with_an_infinite_term_stays_determined():
     # masked log-probabilities: the sum is -inf in any order, and a plan that gave a finite value there would be wrong
     x = jnp.asarray([[-jnp.inf, 3e38, 1.0], [1.0, 2.0, 3.0]], jnp.float32)

@@ -12,6 +12,10 @@ A sum whose terms' magnitudes add up beyond the largest finite value of the prog
 by the program: the order of its additions, which XLA chooses per context (the same reduce_window gives -7984 at
 the top level and -inf in a while body; a small dot's FMA chain keeps its first overflowing term's sign), decides
 between a finite value and an overflow. Such elements are NaN in the wide evaluation: no order is the right one.
+So is every element such a sum decides through a comparison (relu's derivative, x > 0, is false for NaN; a small
+dot's FMA chain gives +inf where the float64 sum is negative): where a sum was undetermined, the program is evaluated
+again with those sums left as float64 computes them, then +inf, then -inf, and each element that differs between the
+evaluations is NaN.
 """
 
 from collections.abc import Callable
@@ -53,8 +57,13 @@ def widened(
     fusion and not in another, so a*b - a*b is 0 in one and a*b's rounding error in the other)."""
     try:
         closed = jax.make_jaxpr(fun)(*flat)
-        after = _rounded_at_random(rounding, np.random.default_rng(seed)) if rounding else _undetermined
-        results = _evaluate(closed.jaxpr, closed.consts, [_widen(x, wide) for x in flat], wide, after)
+        args = [_widen(x, wide) for x in flat]
+        marks: list[Any] = []
+        results = _evaluate(closed.jaxpr, closed.consts, args, wide, _after(rounding, seed, jnp.nan, marks))
+        if any(isinstance(m, jax.core.Tracer) or bool(m) for m in marks):  # a sum was undetermined (or in a body)
+            for fill in (None, jnp.inf, -jnp.inf):
+                other = _evaluate(closed.jaxpr, closed.consts, args, wide, _after(rounding, seed, fill, []))
+                results = [_where_equal(a, b) for a, b in zip(results, other, strict=True)]
     except Exception:  # a primitive that refuses the wide values
         return None
     # a result of another shape or of another non-float type is not the program's (a float read bit for bit)
@@ -65,15 +74,19 @@ def widened(
     return results if same else None
 
 
-def _undetermined(eqn: core.JaxprEqn, inputs: list[Any], params: dict[str, Any], outs: list[Any]) -> list[Any]:
-    """A sum's result NaN where its terms' magnitudes add up beyond the program's type's largest finite value."""
+def _undetermined(
+    eqn: core.JaxprEqn, inputs: list[Any], params: dict[str, Any], outs: list[Any], fill: float | None, marks: list[Any]
+) -> list[Any]:
+    """A sum's result `fill` (None: left as computed) where its terms' magnitudes add up beyond the program's type's
+    largest finite value; whether any did appended to `marks`."""
     dtype = eqn.outvars[0].aval.dtype
     if eqn.primitive.name not in _SUMS or not _is_float(dtype):
         return outs
     # an infinite term (log(0), or beyond even float64) decides the sum whatever the order: only finite ones count
     finite = [jnp.where(jnp.isfinite(x), abs(x), 0) if _is_float(getattr(x, "dtype", None)) else x for x in inputs]
-    magnitude = eqn.primitive.bind(*finite, **params)
-    return [jnp.where(magnitude > float(jnp.finfo(dtype).max), jnp.nan, outs[0])]
+    over = eqn.primitive.bind(*finite, **params) > float(jnp.finfo(dtype).max)
+    marks.append(jnp.any(over))
+    return outs if fill is None else [jnp.where(over, jnp.asarray(fill, outs[0].dtype), outs[0])]
 
 
 # the primitives whose float results round (a max, a select, a gather or a reshape moves no value: a max moved
@@ -88,13 +101,15 @@ _ROUNDING = frozenset(
 )
 
 
-def _rounded_at_random(rounding: float, rng: np.random.Generator) -> Hook:
-    """_undetermined, then each float result of a primitive that rounds (_ROUNDING) times 1 + r, r drawn uniformly in
-    [-rounding, rounding] per element."""
+def _after(rounding: float, seed: int, fill: float | None, marks: list[Any]) -> Hook:
+    """What follows every primitive: its sums undetermined by the program's type `fill` (_undetermined), then, if
+    `rounding`, each float result of a primitive that rounds (_ROUNDING) times 1 + r, r drawn uniformly in
+    [-rounding, rounding] per element (the same draws for one seed, whatever the fill)."""
+    rng = np.random.default_rng(seed)
 
     def after(eqn: core.JaxprEqn, inputs: list[Any], params: dict[str, Any], outs: list[Any]) -> list[Any]:
-        outs = _undetermined(eqn, inputs, params, outs)
-        if eqn.primitive.name not in _ROUNDING:
+        outs = _undetermined(eqn, inputs, params, outs, fill, marks)
+        if not rounding or eqn.primitive.name not in _ROUNDING:
             return outs
         return [
             x * jnp.asarray(1 + rounding * rng.uniform(-1.0, 1.0, np.shape(x)), x.dtype)
@@ -104,6 +119,14 @@ def _rounded_at_random(rounding: float, rng: np.random.Generator) -> Hook:
         ]
 
     return after
+
+
+def _where_equal(marked: Any, kept: Any) -> Any:
+    """The marked evaluation's result, NaN where another fill of the undetermined sums gives another value."""
+    if not _is_float(getattr(marked, "dtype", None)):
+        return marked
+    same = (marked == kept) | (jnp.isnan(marked) & jnp.isnan(kept))
+    return jnp.where(same, marked, jnp.nan)
 
 
 def _is_float(dtype: Any) -> bool:
