@@ -5,15 +5,16 @@ XLA fuses and reschedules, so its figure (xla_figure) is the one a budget is che
 """
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
+from eqsat.backends.fusion import fused_values
 from eqsat.backends.lower import lower
-from eqsat.extract.cost import value_bytes
+from eqsat.extract.cost import load_profile, value_bytes
 from eqsat.numerics.tolerance import mismatch
 from eqsat.ops.table import GET, VAR
 from eqsat.support.graph_walk import postorder
@@ -34,13 +35,15 @@ class Interval:
     end: int
 
 
-def liveness(plan: "Plan", order: Sequence[int] | None = None, donated: bool = False) -> list[Interval]:
+def liveness(
+    plan: "Plan", order: Sequence[int] | None = None, donated: bool = False, fused: Collection[int] = ()
+) -> list[Interval]:
     """One interval per plan node, in plan order, for the schedule `order` (default: the plan's node order).
 
     A value is live from its producer's step to its last consumer's step. Graph inputs and constants (Var) are
     live from step 0 and, unless donated, to the last step, as the caller keeps them; results live to the last
     step. A Get's buffer is written by its multi-result call, so it is live from that call's step; the call's
-    tuple value itself counts 0 bytes.
+    tuple value itself counts 0 bytes, as does a value the target keeps inside fusions (`fused`: backends/fusion.py).
     """
     nodes = plan.nodes
     order = list(range(len(nodes))) if order is None else list(order)
@@ -56,12 +59,17 @@ def liveness(plan: "Plan", order: Sequence[int] | None = None, donated: bool = F
             if pos[j] >= pos[i]:
                 raise ValueError(f"order is not topological: node {i} runs before its input {j}")
             end[j] = max(end[j], pos[i])
+    for i in reversed(order):  # a fused value is computed in its consumers' fusions: its inputs are read there
+        if i in fused:
+            for j in nodes[i].inputs:
+                end[j] = max(end[j], end[i])
     for i in _pinned(plan, donated):
         end[i] = last
     intervals = []
     for i, node in enumerate(nodes):
         start = 0 if node.op == VAR else pos[node.inputs[0]] if node.op == GET else pos[i]
-        intervals.append(Interval(i, value_bytes(node.shape, node.dtype), start, end[i]))
+        size = 0 if i in fused else value_bytes(node.shape, node.dtype)
+        intervals.append(Interval(i, size, start, end[i]))
     return intervals
 
 
@@ -138,12 +146,14 @@ def _pinned(plan: "Plan", donated: bool) -> set[int]:
     return kept if donated else kept | {i for i, n in enumerate(plan.nodes) if n.op == VAR}
 
 
-def schedule_peak(plan: "Plan", order: Sequence[int] | None = None, donated: bool = False) -> int:
+def schedule_peak(
+    plan: "Plan", order: Sequence[int] | None = None, donated: bool = False, fused: Collection[int] = ()
+) -> int:
     """Peak live bytes of the plan run in `order` (default: plan order)."""
-    return lower_bound(liveness(plan, order, donated))
+    return lower_bound(liveness(plan, order, donated, fused))
 
 
-def memory_schedule(plan: "Plan", donated: bool = False) -> list[int]:
+def memory_schedule(plan: "Plan", donated: bool = False, fused: Collection[int] = ()) -> list[int]:
     """A topological order of the plan's nodes whose peak live bytes is no higher than the plan's own order.
 
     Candidates: a depth-first order visiting the hungriest input first (_sethi_ullman), and greedy list
@@ -152,7 +162,7 @@ def memory_schedule(plan: "Plan", donated: bool = False) -> list[int]:
     """
     orders = [list(range(len(plan.nodes))), _sethi_ullman(plan)]
     orders += [_greedy(plan, donated, depth_first) for depth_first in (False, True)]
-    return min(orders, key=lambda order: schedule_peak(plan, order, donated))
+    return min(orders, key=lambda order: schedule_peak(plan, order, donated, fused))
 
 
 def _sethi_ullman(plan: "Plan") -> list[int]:
@@ -405,8 +415,11 @@ class MemoryReport:
 def memory_report(
     plan: "Plan", fn: Callable[..., Any] | None = None, args: Sequence[Any] | None = None
 ) -> MemoryReport:
-    """The plan's memory figures; XLA's too when fn (the plan's lowered, or any equal, function) and args are given."""
-    intervals = liveness(plan)
+    """The plan's memory figures, the values its target keeps inside fusions left out (backends/fusion.py); XLA's
+    too when fn (the plan's lowered, or any equal, function) and args are given."""
+    fused = fused_values(plan, load_profile(plan.target))
+    intervals = liveness(plan, fused=fused)
     _, arena = best_fit(intervals)
     xla = xla_figure(fn, args) if fn is not None and args is not None else None
-    return MemoryReport(arena, lower_bound(intervals), schedule_peak(plan, memory_schedule(plan)), xla)
+    peak = schedule_peak(plan, memory_schedule(plan, fused=fused), fused=fused)
+    return MemoryReport(arena, lower_bound(intervals), peak, xla)

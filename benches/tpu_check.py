@@ -3,6 +3,11 @@ by XLA's own TPU compiler on this machine without a TPU (issue 43; eqsat/tools/t
 both programs' TPU flops, bytes, temp bytes and fusions beside eqsat's predictions, and the rewrites each plan took.
 
 Needs libtpu (the optional extra `tpu-aot`), e.g. `PYTHONPATH=/path/to/libtpu python -m benches.tpu_check`.
+
+With `--here`, the same checks run on the device at hand instead (issue 43 item 5: a TPU or a GPU lent for an
+hour): every case is planned for that device's profile (the one whose timing_device is this machine's, or
+--target), both programs are compiled for it by its own compiler, and both are timed there, interleaved, so that
+measured times stand beside the compiler's figures (a last column). On a CPU it runs too, as a dry run.
 """
 
 import argparse
@@ -12,6 +17,11 @@ import time
 import traceback
 from collections.abc import Callable
 
+import jax
+
+from eqsat.extract.cost import load_bundled, profile_names
+from eqsat.extract.timing import local_device
+from eqsat.numerics.measure import Comparison, interleaved
 from eqsat.support.workload import Workload
 from eqsat.tools import tpu_check
 
@@ -95,13 +105,41 @@ def _agrees(found: tpu_check.Check) -> str:
     return "yes" if ours == (theirs > 0) - (theirs < 0) else f"**no** (eqsat {ours:+d}, XLA {theirs:+d})"
 
 
-def run(names: list[str], scale: str, memory_budget: int | None = None) -> list[str]:
-    """The table's rows, one case at a time (a case that crashes is a row saying so)."""
+MEASURED = " measured here, us (jax.jit / eqsat) |"
+
+
+def here_target() -> str:
+    """The profile of the device at hand: the one whose timing_device names it."""
+    found = [name for name in profile_names() if load_bundled(name).timing_device == local_device()]
+    if not found:
+        raise SystemExit(f"python -m benches.tpu_check: error: no profile for {local_device()}; name one with --target")
+    return found[0]
+
+
+def timed_here(found: tpu_check.Check, work: Workload, seconds: float) -> str:
+    """Both programs timed on the device at hand, interleaved: original -> plan us, and the ratio."""
+    args = jax.device_put(work.args, jax.devices()[0])
+    jax.block_until_ready(found.optimized.plan(*args) and found.optimized(*args))
+    times: Comparison = interleaved(jax.jit(work.fn), found.optimized, args, seconds)
+    return f"{times.baseline_s * 1e6:.1f} -> {times.candidate_s * 1e6:.1f} ({times.ratio:.2f}x)"
+
+
+def run(
+    names: list[str],
+    scale: str,
+    memory_budget: int | None = None,
+    here: bool = False,
+    target: str | None = None,
+    seconds: float = 2.0,
+) -> list[str]:
+    """The table's rows, one case at a time (a case that crashes is a row saying so). `here`: compiled for and
+    timed on this machine's first device, planned for `target` (default: its profile)."""
     cases = _cases(scale)
     unknown = [name for name in names if name not in cases]
     if unknown:
         raise SystemExit(f"python -m benches.tpu_check: error: unknown cases {unknown}; choose from {sorted(cases)}")
-    device = tpu_check.tpu_device()
+    device = jax.devices()[0] if here else tpu_check.tpu_device()
+    target = target or (here_target() if here else tpu_check.TARGET)
     rows = []
     for name in names:
         start = time.perf_counter()
@@ -111,12 +149,13 @@ def run(names: list[str], scale: str, memory_budget: int | None = None) -> list[
             rows.append(f"| {name} | skipped: needs {error.name} (the optional extra `models`) |")
             continue
         try:
-            found = tpu_check.check(work, device=device, memory_budget=memory_budget)
+            found = tpu_check.check(work, target=target, device=device, memory_budget=memory_budget)
+            measured = f" {timed_here(found, work, seconds)} |" if here else ""
         except Exception as error:  # any case's failure is a finding of the table, not the end of the run
             traceback.print_exc()
             rows.append(f"| {name} | CRASHED: {type(error).__name__}: {str(error).splitlines()[0][:200]} |")
             continue
-        rows.append(row(found))
+        rows.append(row(found) + measured)
         print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         print(rows[-1], flush=True)
     return rows
@@ -128,12 +167,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scale", default="full", choices=["full", "small"], help="the examples' and models' size")
     parser.add_argument("--memory-budget", type=int, help="optimize's memory_budget for every case")
     parser.add_argument("--out", help="also write the table to this markdown file")
+    parser.add_argument("--here", action="store_true", help="compile for and time on this machine's first device")
+    parser.add_argument("--target", help="with --here: the profile to plan for (default: this device's)")
+    parser.add_argument("--seconds", type=float, default=2.0, help="with --here: timing per case, interleaved")
     args = parser.parse_args(argv)
-    tpu_check.quiet_libtpu()  # before any case's arguments start jax's backends
+    if not args.here:
+        tpu_check.quiet_libtpu()  # before any case's arguments start jax's backends
     os.environ.setdefault("EQSAT_PLAN_STORE", "off")  # plans made here with the guard off: not for other processes
     names = args.only.split(",") if args.only else list(_cases(args.scale))
-    rows = run(names, args.scale, args.memory_budget)
-    table = "\n".join([HEADER, *rows])
+    rows = run(names, args.scale, args.memory_budget, args.here, args.target, args.seconds)
+    header = HEADER.replace("\n", MEASURED + "\n", 1) + "---|" if args.here else HEADER
+    table = "\n".join([header, *rows])
     print(table)
     if args.out:
         with open(args.out, "w") as out:

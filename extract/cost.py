@@ -57,6 +57,12 @@ class Profile:
     # seconds per element a bfloat16 or float16 elementwise op spends on rounding its result (XLA:CPU computes each
     # in float32 and rounds it back); 0: the target computes them natively, and no chain is widened (extract/widen.py)
     narrow_rounding: float = 0.0
+    # cost classes the target fuses an elementwise producer into, and those whose values it fuses into their
+    # elementwise consumers (an output fusion): the memory model keeps such values in no buffer (backends/fusion.py);
+    # measured by XLA's own compiler for the target (`python -m eqsat calibrate --target tpu-v5e`); empty: none
+    fuses_producers_into: tuple[str, ...] = ()
+    fuses_into_consumers: tuple[str, ...] = ()
+    topology: str = ""  # a TPU's: the topology XLA's TPU compiler compiles this target's plans for, deviceless
     # measured seconds per node key (node_key), attached at planning time; they replace the roofline where present
     timings: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
@@ -197,7 +203,8 @@ def load_bundled(target: str) -> Profile:
 def _from_json(text: str) -> Profile:
     data = json.loads(text)
     data["disabled_rules"] = tuple(data.get("disabled_rules", ()))
-    data["epilogue_activations"] = tuple(data.get("epilogue_activations", ()))
+    for listed in ("epilogue_activations", "fuses_producers_into", "fuses_into_consumers"):
+        data[listed] = tuple(data.get(listed, ()))
     known = {f.name for f in fields(Profile)}
     return Profile(**{k: v for k, v in data.items() if k in known})  # extra keys: raw measurements, newer fields
 

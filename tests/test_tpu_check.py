@@ -11,6 +11,7 @@ import pytest
 import eqsat
 from eqsat.__main__ import main
 from eqsat.backends.memory import MemoryReport
+from eqsat.extract.cost import load_bundled, load_profile
 from eqsat.support.workload import Workload
 from eqsat.tools import tpu_check
 from eqsat.tools.examples import EXAMPLES
@@ -140,3 +141,49 @@ def test_findings_name_more_xla_work_a_missed_budget_and_the_memory_model_off():
     failed = tpu_check.Check("d", plan, original, tpu_check.Compiled(error="XlaRuntimeError: no"))
     assert tpu_check.findings(failed) == ["the plan does not compile for TPU"]
     assert "FAILED: XlaRuntimeError: no" in tpu_check.side_by_side(failed)
+
+
+def test_the_memory_model_keeps_what_the_target_fuses_in_no_buffer():
+    # the tpu-v5e profile's fusion lists (measured: `python -m eqsat calibrate --target tpu-v5e`): exp(x) is fused
+    # into the dot that reads it and the dot into the tanh that writes the result; between two dots one value is
+    # written; the cpu profile fuses nothing in the model (XLA:CPU's own figure is measured instead)
+    x, w = jnp.ones((64, 128), jnp.float32), jnp.ones((128, 128), jnp.float32)
+    mib = 64 * 128 * 4
+
+    def report(fn: Callable, target: str) -> MemoryReport:
+        return eqsat.optimize(fn, target=target, background=False).memory(x, w)
+
+    one = report(lambda x, w: jnp.tanh(jnp.exp(x) @ w), "tpu-v5e")
+    assert one.planned_peak == 2 * mib + 128 * 128 * 4  # x, the result and w
+    two = report(lambda x, w: jnp.tanh(jnp.tanh(jnp.exp(x) @ w) @ w), "tpu-v5e")
+    assert two.planned_peak == 3 * mib + 128 * 128 * 4  # one value between the dots
+    assert report(lambda x, w: jnp.tanh(jnp.exp(x) @ w), "cpu").planned_peak > one.planned_peak
+
+
+def test_calibrating_a_target_that_is_no_tpu_is_one_line(capsys):
+    for argv, said in ((["--target", "h100"], "is no TPU target"), (["--target", "tpu-v9"], "unknown target")):
+        assert main(["calibrate", *argv, "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("python -m eqsat calibrate: error: ") and err.count("\n") == 1 and said in err, err
+
+
+@needs_libtpu
+def test_calibration_measures_what_the_tpu_compiler_fuses(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))  # written where load_profile finds it, merged over the bundled
+    assert main(["calibrate", "--target", "tpu-v5e", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "fuses producers into contraction" in out, out
+    measured = load_profile("tpu-v5e")
+    assert "contraction" in measured.fuses_into_consumers and measured.bandwidth == load_bundled("tpu-v5e").bandwidth
+
+
+def test_the_checks_run_and_time_on_the_device_at_hand(capsys):
+    # issue 43 item 5: the script for a lent TPU or GPU; here the CPU, planned for its own profile, is the dry run
+    from benches import tpu_check as bench
+
+    assert bench.here_target() == "cpu"
+    assert bench.main(["--here", "--only", "matmul_chain", "--scale", "small", "--seconds", "0.1"]) == 0
+    table = capsys.readouterr().out.strip().splitlines()
+    assert table[-3].endswith("| measured here, us (jax.jit / eqsat) |"), table[-3]
+    cells = [c.strip() for c in table[-1].split("|")]
+    assert cells[1] == "matmul_chain" and cells[2] == "both" and cells[-2].endswith("x)"), cells

@@ -17,6 +17,7 @@ from eqsat.tools.cli import (
     add_tpu_check_command,
     number,
     reporting,
+    target_profile,
 )
 from eqsat.tools.cli_measure import add_census_command, add_tune_command
 
@@ -85,10 +86,16 @@ def compare_censuses(paths: list[str]) -> int:
 
 
 def calibrate(args: argparse.Namespace) -> int:
-    from eqsat.tools.calibrate import calibrate, summary
-
     if args.out:  # a folder that cannot be made is an error now, not after the minute of measuring
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    if args.target != "cpu":  # a TPU: what its compiler fuses, compiled deviceless
+        from eqsat.tools import calibrate_fusion
+
+        target_profile(args.target)  # an unknown target is a usage error
+        print(calibrate_fusion.summary(calibrate_fusion.calibrate_fusion(args.target, args.out)))
+        return 0
+    from eqsat.tools.calibrate import calibrate, summary
+
     print(summary(calibrate(args.seconds, args.out)))
     return 0
 
@@ -177,9 +184,15 @@ def _add_calibrate(commands: Any) -> None:
     p = _command(
         commands,
         "calibrate",
-        "measure this machine and write a calibrated cpu profile to the cache",
+        "measure this machine (or what a TPU's compiler fuses) and write a calibrated profile to the cache",
         "python -m eqsat calibrate                # about a minute; target 'cpu' then plans with it\n"
-        "python -m eqsat calibrate --seconds 20 --out my_cpu.json",
+        "python -m eqsat calibrate --seconds 20 --out my_cpu.json\n"
+        "python -m eqsat calibrate --target tpu-v5e  # what XLA's TPU compiler fuses, for the memory model (libtpu)",
+    )
+    p.add_argument(
+        "--target",
+        default="cpu",
+        help="cpu (default): time this machine; a TPU profile: compile fusion probes for it deviceless (needs libtpu)",
     )
     p.add_argument(
         "--seconds", type=number(float, 0, above=True), default=60.0, help="timing budget (compilation comes on top)"

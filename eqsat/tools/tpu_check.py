@@ -19,13 +19,13 @@ import jax
 import eqsat
 from eqsat.backends.lower import lower
 from eqsat.backends.memory import MemoryReport, figure_of, memory_report
-from eqsat.extract.cost import Cost
+from eqsat.extract.cost import Cost, load_bundled, profile_names
 from eqsat.extract.plan import Plan
 from eqsat.support.errors import EqsatError
 from eqsat.support.workload import Workload
 
-TOPOLOGY = "v5e:2x2"
 TARGET = "tpu-v5e"
+TOPOLOGY = "v5e:2x2"
 NEEDS_EXTRA = (
     "compiling for a TPU without one needs libtpu, the optional extra `tpu-aot`: pip install -e '.[tpu-aot]' "
     "(in its own environment: with libtpu installed, every jax process tries a TPU first)"
@@ -68,6 +68,7 @@ class Check:
     model: MemoryReport | None = None  # eqsat's memory model of the plan (one buffer per node)
     budget: int | None = None
     notes: list[str] = field(default_factory=list)
+    optimized: Any = None  # the optimized function the plan came from (what a device at hand times)
 
     @property
     def watched(self) -> bool:
@@ -88,6 +89,16 @@ def quiet_libtpu() -> None:
 def libtpu_installed() -> bool:
     """Whether XLA's TPU compiler (libtpu) can be loaded here."""
     return importlib.util.find_spec("libtpu") is not None
+
+
+def topology_of(target: str) -> str:
+    """The TPU topology a target's plans are compiled for (its profile's `topology`); TpuCompilerMissing for a
+    target that is no TPU."""
+    topology = load_bundled(target).topology
+    if not topology:
+        tpus = [name for name in profile_names() if load_bundled(name).topology]
+        raise TpuCompilerMissing(f"{target!r} is no TPU target; XLA's TPU compiler compiles for {tpus}")
+    return topology
 
 
 def tpu_device(topology: str = TOPOLOGY) -> Any:
@@ -171,7 +182,7 @@ def check(
     plan = fast.plan(*work.args)
     structs = on_device(work.args, device)
     found = Check(work.name, plan, compile_figures(lambda: jax.jit(work.fn).lower(*structs)), Compiled())
-    found.budget = memory_budget
+    found.budget, found.optimized = memory_budget, fast
     found.planned = compile_figures(lambda: fast.lower(*structs))
     if plan.fallback:
         found.notes.append(f"the original runs: {plan.fallback}")
