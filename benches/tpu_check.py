@@ -27,7 +27,8 @@ from eqsat.tools import tpu_check
 
 
 def _cases(scale: str) -> dict[str, Callable[[], Workload]]:
-    """name -> workload factory: the demo's examples, the NasRNN steps, the bench models, the JAX-only kernels."""
+    """name -> workload factory: the demo's examples, the NasRNN steps, the bench models, the kernel rows (keras'
+    and flax's need the optional extra `models`)."""
     from benches import kernels
     from benches.acceptance import WORKLOADS
     from benches.models.registry import MODELS
@@ -35,8 +36,8 @@ def _cases(scale: str) -> dict[str, Callable[[], Workload]]:
     cases: dict[str, Callable[[], Workload]] = {name: lambda f=f: f(scale) for name, f in WORKLOADS.items()}
     del cases["nasrnn_5_steps"]  # MODELS' nasrnn, the same build
     cases.update({name: lambda f=f: f(scale) for name, f in MODELS.items()})
-    keras_free = ("onehot", "onehot_train", *kernels.SMALL, *kernels.WITH_HAND, *kernels.SUMS)
-    cases.update({name: lambda name=name: kernels.workload(name) for name in keras_free if "keras" not in name})
+    rows = ("onehot", "onehot_train", *kernels.SMALL, *kernels.WITH_HAND, *kernels.SUMS, *kernels.KERAS)
+    cases.update({name: lambda name=name: kernels.workload(name) for name in (*rows, "mobilenetv2_train")})
     return cases
 
 
