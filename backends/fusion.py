@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 _LIGHT = frozenset({CostClass.ELEMENTWISE, CostClass.BITCAST})
 # opaque primitives of one shape in and out that read more than the element they write
 _NOT_ELEMENTWISE = frozenset({"sort", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp", "top_k"})
+# opaque primitives that move data without arithmetic, whatever their shapes (a pad the table does not capture,
+# keras' before its strided convs): XLA fuses them as it fuses elementwise ops
+_LAYOUT = frozenset({"pad", "rev", "squeeze", "expand_dims", "broadcast_in_dim", "reshape", "transpose", "slice"})
+_LAYOUT |= {"dynamic_slice", "concatenate", "convert_element_type", "select_n", "clamp", "copy", "copy_p"}
 
 
 def _light_call(graph: Graph | None, index: int, shapes: list) -> bool:
@@ -35,7 +39,8 @@ def _light_call(graph: Graph | None, index: int, shapes: list) -> bool:
         hasattr(v, "eqns") or hasattr(v, "jaxpr") for v in call.params.values()
     ):
         return False
-    return call.multiple_results or all(shape == shapes[0] for shape in shapes[1:] if shape)
+    name = call.primitive.name
+    return name in _LAYOUT or call.multiple_results or all(shape == shapes[0] for shape in shapes[1:] if shape)
 
 
 def fused_values(plan: "Plan", profile: Profile) -> frozenset[int]:

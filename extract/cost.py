@@ -62,6 +62,9 @@ class Profile:
     # measured by XLA's own compiler for the target (`python -m eqsat calibrate --target tpu-v5e`); empty: none
     fuses_producers_into: tuple[str, ...] = ()
     fuses_into_consumers: tuple[str, ...] = ()
+    # cost class -> the bytes the target copies its inputs into while such an op runs (another layout: a TPU relays
+    # out a dot's operand), as a share of the op's inputs' bytes; measured by the same command; empty: none
+    layout_copies: dict[str, float] = field(default_factory=dict)
     topology: str = ""  # a TPU's: the topology XLA's TPU compiler compiles this target's plans for, deviceless
     # measured seconds per node key (node_key), attached at planning time; they replace the roofline where present
     timings: dict[str, float] = field(default_factory=dict, compare=False, repr=False)

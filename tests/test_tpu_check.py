@@ -2,6 +2,7 @@
 on a machine without a TPU. Without libtpu (the optional extra `tpu-aot`) the command says so in one line; the
 tests marked tpu_aot compile for a v5e and are skipped where libtpu is missing."""
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -10,8 +11,10 @@ import pytest
 
 import eqsat
 from eqsat.__main__ import main
+from eqsat.backends import memory as M
+from eqsat.backends.fusion import fused_values
 from eqsat.backends.memory import MemoryReport
-from eqsat.extract.cost import load_bundled, load_profile
+from eqsat.extract.cost import Profile, load_bundled, load_profile
 from eqsat.support.workload import Workload
 from eqsat.tools import tpu_check
 from eqsat.tools.examples import EXAMPLES
@@ -144,20 +147,23 @@ def test_findings_name_more_xla_work_a_missed_budget_and_the_memory_model_off():
 
 
 def test_the_memory_model_keeps_what_the_target_fuses_in_no_buffer():
-    # the tpu-v5e profile's fusion lists (measured: `python -m eqsat calibrate --target tpu-v5e`): exp(x) is fused
+    # a target that fuses elementwise producers into dots and dots into their elementwise readers: exp(x) is fused
     # into the dot that reads it and the dot into the tanh that writes the result; between two dots one value is
-    # written; the cpu profile fuses nothing in the model (XLA:CPU's own figure is measured instead)
+    # written; a target that copies a dot's inputs into another layout holds that share of them while it runs
     x, w = jnp.ones((64, 128), jnp.float32), jnp.ones((128, 128), jnp.float32)
-    mib = 64 * 128 * 4
+    mib, weights = 64 * 128 * 4, 128 * 128 * 4
+    fuses = dataclasses.replace(load_bundled("cpu"), fuses_producers_into=("contraction",))
+    fuses = dataclasses.replace(fuses, fuses_into_consumers=("contraction",))
 
-    def report(fn: Callable, target: str) -> MemoryReport:
-        return eqsat.optimize(fn, target=target, background=False).memory(x, w)
+    def peak(fn: Callable, profile: Profile) -> int:
+        plan = eqsat.optimize(fn, background=False).plan(x, w)
+        return M.lower_bound(M.liveness(plan, fused=fused_values(plan, profile)) + M.layout_copies(plan, profile))
 
-    one = report(lambda x, w: jnp.tanh(jnp.exp(x) @ w), "tpu-v5e")
-    assert one.planned_peak == 2 * mib + 128 * 128 * 4  # x, the result and w
-    two = report(lambda x, w: jnp.tanh(jnp.tanh(jnp.exp(x) @ w) @ w), "tpu-v5e")
-    assert two.planned_peak == 3 * mib + 128 * 128 * 4  # one value between the dots
-    assert report(lambda x, w: jnp.tanh(jnp.exp(x) @ w), "cpu").planned_peak > one.planned_peak
+    assert peak(lambda x, w: jnp.tanh(jnp.exp(x) @ w), fuses) == 2 * mib + weights  # x, the result and w
+    assert peak(lambda x, w: jnp.tanh(jnp.tanh(jnp.exp(x) @ w) @ w), fuses) == 3 * mib + weights  # and one between
+    assert peak(lambda x, w: jnp.tanh(jnp.exp(x) @ w), load_bundled("cpu")) > 2 * mib + weights  # cpu: no such lists
+    copies = dataclasses.replace(fuses, layout_copies={"contraction": 0.5})
+    assert peak(lambda x, w: jnp.tanh(jnp.exp(x) @ w), copies) == mib + weights + (mib + weights) // 2  # at the dot
 
 
 def test_calibrating_a_target_that_is_no_tpu_is_one_line(capsys):

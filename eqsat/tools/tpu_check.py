@@ -52,8 +52,9 @@ class Compiled:
     flops: float = 0.0
     bytes: float = 0.0  # cost_analysis's "bytes accessed"
     seconds: float = 0.0  # cost_analysis's "optimal_seconds", a roofline
-    temp: int = 0  # the buffer assigner's temp bytes
-    peak: int = 0  # argument + output - alias + temp
+    temp: int = 0  # the buffer assigner's temp bytes (deviceless, a TPU's leaves out intermediate values' buffers)
+    peak: int = 0  # XLA's peak: argument + output - alias + temp, or its own peak where more (backends/memory.py)
+    resident: int = 0  # argument + output - alias: what the program holds whatever it computes
 
 
 @dataclass
@@ -137,6 +138,7 @@ def compile_figures(lowering: Callable[[], Any]) -> Compiled:
         seconds=float(cost.get("optimal_seconds", 0.0)),
         temp=figure["temp"],
         peak=figure["total"],
+        resident=figure["argument"] + figure["output"] - figure["alias"],
     )
 
 
