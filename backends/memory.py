@@ -1,7 +1,8 @@
 """Memory planning of a lowered plan: liveness, offset planning, a memory-aware order, XLA's own figures, budgets.
 
-Our figures (liveness, lower_bound, best_fit, memory_schedule) model the plan as lowered, one buffer per node;
-XLA fuses and reschedules, so its figure (xla_figure) is the one a budget is checked against.
+Our figures (liveness, lower_bound, best_fit, memory_schedule) model the plan as lowered, one buffer per node
+(memory_report: none for the values the target keeps inside fusions, backends/fusion.py, and with its layout
+copies); XLA fuses and reschedules, so its figure (xla_figure) is the one a budget is checked against.
 """
 
 import itertools
@@ -391,7 +392,8 @@ def _tree_function(flat: Callable[..., list[Any]], like: Callable[..., Any]) -> 
 
 @dataclass
 class MemoryReport:
-    """Our model of the plan's memory (one buffer per node) and, where measured, XLA's figure."""
+    """Our model of the plan's memory (a buffer per value the target does not fuse away, and its layout copies)
+    and, where measured, XLA's figure."""
 
     planned_peak: int  # best-fit arena over the plan's order
     lower_bound: int  # peak live bytes, plan's order

@@ -66,7 +66,7 @@ class Check:
     original: Compiled
     planned: Compiled  # the plan as optimize runs it: under the overflow watch where @real rules fired
     alone: Compiled | None = None  # where watched: the plan's program without the watch and its fallback
-    model: MemoryReport | None = None  # eqsat's memory model of the plan (one buffer per node)
+    model: MemoryReport | None = None  # eqsat's memory model of the plan (backends/memory.py memory_report)
     budget: int | None = None
     notes: list[str] = field(default_factory=list)
     optimized: Any = None  # the optimized function the plan came from (what a device at hand times)
