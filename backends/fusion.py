@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from eqsat.capture.ir import Graph
 from eqsat.extract.cost import Profile, class_of
 from eqsat.ops.table import GET, OPAQUE, VAR, CostClass
+from eqsat.support.graph_walk import reachable
 
 if TYPE_CHECKING:
     from eqsat.extract.plan import Plan
@@ -62,27 +63,17 @@ def fused_values(plan: "Plan", profile: Profile) -> frozenset[int]:
     light_nodes = {i for i, n in enumerate(nodes) if classes[i] in _LIGHT or i in light_calls}
     light_nodes |= {i for i, n in enumerate(nodes) if n.op == GET and n.inputs[0] in light_calls}
 
-    def light(i: int) -> bool:
-        return i in light_nodes
-
     def reads_through_light(i: int) -> bool:
         """Whether a heavy op reads node i's value, directly or through elementwise ops."""
-        stack, seen = list(users[i]), set()
-        while stack:
-            u = stack.pop()
-            if u not in seen:
-                seen.add(u)
-                if not light(u):
-                    return True
-                stack.extend(users[u])
-        return False
+        readers = reachable(users[i], lambda u: users[u] if u in light_nodes else ())
+        return any(u not in light_nodes for u in readers)
 
     fused = set()
     for i in range(len(nodes)):
         if i in kept:
             continue
-        if light(i):
-            if all(light(u) or classes[u] in profile.fuses_producers_into for u in users[i]):
+        if i in light_nodes:
+            if all(u in light_nodes or classes[u] in profile.fuses_producers_into for u in users[i]):
                 fused.add(i)
         elif classes[i] in profile.fuses_into_consumers and not reads_through_light(i):
             fused.add(i)
