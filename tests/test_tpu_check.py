@@ -65,6 +65,7 @@ def test_without_libtpu_the_command_names_the_extra_in_one_line(monkeypatch, cap
     [
         ["nosuch_module:fn", "--args", "f32[8]"],
         ["eqsat.tools.examples:matmul_chain", "--target", "tpu-v9"],
+        ["eqsat.tools.examples:matmul_chain", "--target", "cpu"],  # no TPU topology of its own: name one
         ["eqsat.tools.examples:matmul_chain", "--memory-budget", "-1"],
         ["eqsat.tools.examples:matmul_chain", "--bench", "bert"],
     ],

@@ -416,7 +416,7 @@ def _tpu_check(args: argparse.Namespace) -> int:
     tpu_check.quiet_libtpu()  # before the example arguments start jax's backends
     target_profile(args.target)
     work = workload(args)
-    device = tpu_check.tpu_device(args.topology)
+    device = tpu_check.tpu_device(args.topology or tpu_check.topology_of(args.target))
     with progress.live_progress(None if args.progress else False):
         found = tpu_check.check(work, device=device, **optimize_options(args))
     print(tpu_check.side_by_side(found))
@@ -439,5 +439,5 @@ def add_tpu_check_command(commands: Any) -> None:
     )
     add_what(p, "check")
     add_options(p, "target", "memory_budget", target="tpu-v5e")
-    p.add_argument("--topology", default="v5e:2x2", help="TPU topology to compile for (default: v5e:2x2)")
+    p.add_argument("--topology", help="TPU topology to compile for (default: the target profile's, v5e:2x2)")
     p.set_defaults(run=reporting("tpu-check", _tpu_check))

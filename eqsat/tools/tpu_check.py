@@ -25,7 +25,6 @@ from eqsat.support.errors import EqsatError
 from eqsat.support.workload import Workload
 
 TARGET = "tpu-v5e"
-TOPOLOGY = "v5e:2x2"
 NEEDS_EXTRA = (
     "compiling for a TPU without one needs libtpu, the optional extra `tpu-aot`: pip install -e '.[tpu-aot]' "
     "(in its own environment: with libtpu installed, every jax process tries a TPU first)"
@@ -102,11 +101,13 @@ def topology_of(target: str) -> str:
     return topology
 
 
-def tpu_device(topology: str = TOPOLOGY) -> Any:
-    """The first device of a TPU topology, to lower and compile for deviceless; TpuCompilerMissing without libtpu."""
+def tpu_device(topology: str | None = None) -> Any:
+    """The first device of a TPU topology (default: TARGET's), to lower and compile for deviceless;
+    TpuCompilerMissing without libtpu."""
     if not libtpu_installed():
         raise TpuCompilerMissing(NEEDS_EXTRA)
     quiet_libtpu()
+    topology = topology or topology_of(TARGET)
     from jax.experimental import topologies
 
     try:
