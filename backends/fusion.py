@@ -36,11 +36,9 @@ def _light_call(graph: Graph | None, index: int, shapes: list) -> bool:
     if graph is None or not 0 <= index < len(graph.opaque):
         return False
     call = graph.opaque[index]
-    if call.primitive.name in _NOT_ELEMENTWISE or any(
-        hasattr(v, "eqns") or hasattr(v, "jaxpr") for v in call.params.values()
-    ):
-        return False
     name = call.primitive.name
+    if name in _NOT_ELEMENTWISE or any(hasattr(v, "eqns") or hasattr(v, "jaxpr") for v in call.params.values()):
+        return False
     return name in _LAYOUT or call.multiple_results or all(shape == shapes[0] for shape in shapes[1:] if shape)
 
 

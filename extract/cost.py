@@ -205,8 +205,7 @@ def load_bundled(target: str) -> Profile:
 
 def _from_json(text: str) -> Profile:
     data = json.loads(text)
-    data["disabled_rules"] = tuple(data.get("disabled_rules", ()))
-    for listed in ("epilogue_activations", "fuses_producers_into", "fuses_into_consumers"):
+    for listed in ("disabled_rules", "epilogue_activations", "fuses_producers_into", "fuses_into_consumers"):
         data[listed] = tuple(data.get(listed, ()))
     known = {f.name for f in fields(Profile)}
     return Profile(**{k: v for k, v in data.items() if k in known})  # extra keys: raw measurements, newer fields

@@ -48,7 +48,8 @@ _HEAVY: dict[CostClass, tuple[Callable[[Any, Any], Any], bool]] = {
 def measure(target: str) -> dict[str, Any]:
     """Each heavy class's probes compiled for the target's TPU topology: the op alone (what it needs beyond its
     inputs and result: layout copies, as a share of its inputs' bytes), under an elementwise producer and over an
-    elementwise consumer (the temp bytes each needed against the intermediate's size), and the three results."""
+    elementwise consumer (what each needs beyond its arguments and result, against the intermediate's size), and the
+    three results."""
     device = tpu_check.tpu_device(tpu_check.topology_of(target))
     square = jax.ShapeDtypeStruct((_SIDE, _SIDE), jnp.float32)
     structs = tpu_check.on_device([square, square], device)
@@ -56,16 +57,17 @@ def measure(target: str) -> dict[str, Any]:
     probes, producers, consumers, copies = {}, [], [], {}
     for cost_class, (op, reads_w) in _HEAVY.items():
         after = jax.eval_shape(op, square, square)
-        alone = _compiled(lambda x, w, op=op: op(x, w), structs, f"the {cost_class} probe")
-        copies[str(cost_class)] = round(max(alone.peak - alone.resident, 0) / (size * (1 + reads_w)), 3)
-        probes[f"{cost_class}/alone"] = {"beyond": alone.peak - alone.resident, "inputs": size * (1 + reads_w)}
+        alone = _compiled(op, structs, f"the {cost_class} probe")
+        beyond, inputs = alone.peak - alone.resident, size * (1 + reads_w)
+        copies[str(cost_class)] = round(max(beyond, 0) / inputs, 3)
+        probes[f"{cost_class}/alone"] = {"beyond": beyond, "inputs": inputs}
         for side, probe, between, fused in (
             ("producer", lambda x, w, op=op: op(jnp.exp(x), w), size, producers),
             ("consumer", lambda x, w, op=op: jnp.tanh(op(x, w)), value_bytes(after.shape, str(after.dtype)), consumers),
         ):
             compiled = _compiled(probe, structs, f"the {cost_class} {side} probe")
             probes[f"{cost_class}/{side}"] = {"beyond": compiled.peak - compiled.resident, "intermediate": between}
-            if compiled.peak - compiled.resident < alone.peak - alone.resident + between / 2:  # no buffer for it
+            if compiled.peak - compiled.resident < beyond + between / 2:  # no buffer for the intermediate
                 fused.append(str(cost_class))
     return {"probes": probes, "fuses_producers_into": producers, "fuses_into_consumers": consumers, "copies": copies}
 
