@@ -59,7 +59,7 @@ HEADER = (
 
 
 def row(found: tpu_check.Check) -> str:
-    """One markdown row: original -> plan (the plan's own program where watched)."""
+    """One markdown row: original -> plan (the plan's program without its fallbacks where it has some)."""
     base, mine, plan = found.original, tpu_check.plan_program(found), found.plan
     failed = [name for name, c in tpu_check.programs(found) if c.error]
     compiled = "both" if not failed else "FAILED: " + ", ".join(failed)
@@ -81,8 +81,8 @@ def row(found: tpu_check.Check) -> str:
     rewrites = tpu_check.listed(found.rewritten)
     rules = ", ".join(sorted(plan.rules_fired)) or "none"
     notes = [*found.notes, *tpu_check.findings(found)]
-    if found.watched and not found.planned.error:
-        notes.append(f"watched: with its fallback {found.planned.flops:.3g} flops, {found.planned.bytes:.3g} bytes")
+    if found.with_fallbacks and not found.planned.error:
+        notes.append(f"with its fallbacks: {found.planned.flops:.3g} flops, {found.planned.bytes:.3g} bytes")
     cells = [found.name, compiled, *figures, *predicted, _agrees(found), f"{rewrites} ({rules})", "; ".join(notes)]
     return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 

@@ -15,6 +15,8 @@ from eqsat.backends import memory as M
 from eqsat.backends.fusion import fused_values
 from eqsat.backends.memory import MemoryReport
 from eqsat.extract.cost import Profile, load_bundled, load_profile
+from eqsat.ops import kernels
+from eqsat.ops.table import OPS
 from eqsat.support.workload import Workload
 from eqsat.tools import tpu_check
 from eqsat.tools.examples import EXAMPLES
@@ -83,7 +85,7 @@ def test_bad_input_ends_in_one_line_and_exit_code_2(argv, capsys):
 @needs_libtpu
 def test_a_small_program_and_its_plan_compile_for_v5e():
     found = tpu_check.check(EXAMPLES["matmul_chain"]("full"))  # at 64 re-association gains too little
-    assert not found.plan.fallback and found.watched  # re-associated: under the overflow watch
+    assert not found.plan.fallback and found.with_fallbacks  # re-associated: under the overflow watch
     assert not any(c.error for _, c in tpu_check.programs(found))
     # (A @ B) @ v against A @ (B @ v): the TPU compiler counts n^2 m * 4 flops against n^3 * 2
     assert found.alone.flops < found.original.flops / 4
@@ -92,6 +94,46 @@ def test_a_small_program_and_its_plan_compile_for_v5e():
     assert found.planned.flops > found.original.flops
     table = tpu_check.side_by_side(found)
     assert "plan alone" in table and "XLA temp" in table and "dot-assoc-right" in table
+
+
+def _branches(fn: Callable[..., object], *args: object) -> int:
+    text = jax.jit(fn).lower(*args).as_text()
+    return text.count("stablehlo.while") + text.count("stablehlo.case")
+
+
+def test_the_common_path_leaves_the_fallbacks_out_and_returns_their_checks():
+    # what an ordinary call runs, for XLA's static figures: an exact kernel's fallback (a loop, a cond) runs only
+    # on values out of range, but XLA's cost analysis counts its body as if it ran
+    table, ids = jnp.ones((64, 8)), jnp.arange(6) % 64
+    x = jnp.ones((1, 8, 8, 3))
+    pool = (OPS["PoolMaxSliced"].lower, ((1, 2, 2, 1), (1, 2, 2, 1), (0,) * 4, (0,) * 4))
+    for fn, args in (
+        (lambda t, i: kernels.take_rows((), t, i), (table, ids)),
+        (lambda r, i: kernels.scatter_rows((64,), r, i), (jnp.ones((6, 8)), ids)),
+        (lambda v: pool[0](pool[1], v), (x,)),
+    ):
+        assert _branches(fn, *args) == 1
+        with kernels.common_path() as checks:
+            assert _branches(lambda *a, fn=fn: (fn(*a), checks), *args) == 0
+            assert len(checks) == 1 and checks[0].dtype == jnp.bool_
+        with kernels.common_path():
+            assert jnp.array_equal(jax.jit(fn)(*args), fn(*args))
+    assert _branches(lambda t, i: kernels.take_rows((), t, i), table, ids) == 1  # and it ends with the context
+
+
+@needs_libtpu
+def test_a_plan_with_an_exact_kernel_is_figured_without_its_fallback():
+    vocab = 4096
+    table = jax.random.normal(jax.random.key(0), (vocab, 256))
+    ids = jax.random.randint(jax.random.key(1), (4, 64), 0, vocab)
+    work = Workload("embed", lambda t, i: jax.nn.one_hot(i, vocab) @ t, (table, ids), (), "")
+    found = tpu_check.check(work)
+    assert found.rewritten == {"Take": 1} and found.with_fallbacks and not found.plan.overflow_watch
+    # the fallback, jax.jit's one-hot product, counted in the whole program; not in the plan alone, whose check
+    # (one pass over the table) stays
+    assert found.planned.flops >= found.original.flops and found.alone.flops < found.original.flops / 100
+    assert found.alone.branches == 0 and found.alone.bytes >= table.nbytes
+    assert not tpu_check.findings(found) or "more XLA" not in " ".join(tpu_check.findings(found))
 
 
 @needs_libtpu

@@ -2,6 +2,8 @@
 devices and shapes (eqsat/ops/table.py's entries marked `alternative` lower through these; rules/kernels.egg puts each
 beside the op it can replace, and the timing cache chooses)."""
 
+import contextlib
+import contextvars
 from collections.abc import Callable, Iterator
 from math import prod
 from typing import TYPE_CHECKING, Any
@@ -18,6 +20,30 @@ Shape = tuple[int, ...]
 # the name scope of each check for values out of range and the fallback it decides on (the overflow watch's,
 # backends/lower.py, and the one-hot kernels' below): eqsat/plans/sharding.py leaves their collectives out
 OVERFLOW_WATCH = "eqsat_overflow_watch"
+# set while a plan is lowered for its figures alone (common_path): the checks its fallbacks would decide on
+_COMMON_PATH_CHECKS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("eqsat_common_path")
+
+
+@contextlib.contextmanager
+def common_path() -> Iterator[list[Any]]:
+    """Lower without the fallbacks that run only on values out of range or not finite (kept_unless's loops, the
+    max pool's recomputation): what an ordinary call runs, for XLA's static cost analysis, which counts a fallback's
+    body as if it ran. Yields the checks that decide on them, traced values a caller returns from the program it
+    traces (they run on every call). For tpu-check's figures, never for a program that runs."""
+    checks: list[Any] = []
+    token = _COMMON_PATH_CHECKS.set(checks)
+    try:
+        yield checks
+    finally:
+        _COMMON_PATH_CHECKS.reset(token)
+
+
+def _on_common_path(check: Any) -> bool:
+    """Under common_path: keep the check and say so (the caller builds no fallback)."""
+    checks = _COMMON_PATH_CHECKS.get(None)
+    if checks is not None:
+        checks.append(check)
+    return checks is not None
 
 
 def conv_dimension_numbers(rank: int) -> lax.ConvDimensionNumbers:
@@ -197,7 +223,9 @@ def all_finite(x: Any) -> Any:
 def kept_unless(ok: Any, results: list[Any], fallback: Callable[[], list[Any]]) -> list[Any]:
     """results where ok, else fallback()'s, as a loop that runs the fallback at most once: a lax.cond whose branch
     passes `results` through copies each of them (XLA:CPU, 80 ms for a 262 MB gradient), a loop's carry stays in
-    place."""
+    place. Under common_path: results alone."""
+    if _on_common_path(ok):
+        return results
 
     def fall_back(_: tuple) -> tuple:
         return [lax.convert_element_type(v, r.dtype) for v, r in zip(fallback(), results, strict=True)], True
@@ -352,6 +380,8 @@ def sliced_pool(fn: str) -> Callable[..., Any]:
         # wherever an element is (and where +inf and -inf meet: reduce_window then runs, as exact). A cond, not a
         # select: a NaN-free call runs the sliced loop alone.
         nan_seen = jnp.isnan(lax.reduce_sum(accumulating(total), tuple(range(total.ndim))))
+        if _on_common_path(nan_seen):
+            return total
         return lax.cond(nan_seen, lambda: window_pool(fn, a, x), lambda: total)
 
     return lower

@@ -21,6 +21,7 @@ from eqsat.backends.lower import lower
 from eqsat.backends.memory import MemoryReport, figure_of, memory_report
 from eqsat.extract.cost import Cost, load_bundled, profile_names
 from eqsat.extract.plan import Plan
+from eqsat.ops import kernels
 from eqsat.support.errors import EqsatError
 from eqsat.support.workload import Workload
 
@@ -54,6 +55,7 @@ class Compiled:
     temp: int = 0  # the buffer assigner's temp bytes (deviceless, a TPU's leaves out intermediate values' buffers)
     peak: int = 0  # XLA's peak: argument + output - alias + temp, or its own peak where more (backends/memory.py)
     resident: int = 0  # argument + output - alias: what the program holds whatever it computes
+    branches: int = 0  # while loops and conditionals in the program (a fallback is one)
 
 
 @dataclass
@@ -64,14 +66,16 @@ class Check:
     plan: Plan
     original: Compiled
     planned: Compiled  # the plan as optimize runs it: under the overflow watch where @real rules fired
-    alone: Compiled | None = None  # where watched: the plan's program without the watch and its fallback
+    # where the plan has fallbacks (the overflow watch's, an exact kernel's): its program without them, what an
+    # ordinary call runs (XLA's cost analysis counts a fallback's body as if it ran)
+    alone: Compiled | None = None
     model: MemoryReport | None = None  # eqsat's memory model of the plan (backends/memory.py memory_report)
     budget: int | None = None
     notes: list[str] = field(default_factory=list)
     optimized: Any = None  # the optimized function the plan came from (what a device at hand times)
 
     @property
-    def watched(self) -> bool:
+    def with_fallbacks(self) -> bool:
         return self.alone is not None
 
     @property
@@ -140,11 +144,13 @@ def compile_figures(lowering: Callable[[], Any]) -> Compiled:
         temp=figure["temp"],
         peak=figure["total"],
         resident=figure["argument"] + figure["output"] - figure["alias"],
+        branches=len(_BRANCH.findall(compiled.as_text())),
     )
 
 
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _FUSION = re.compile(r"\sfusion\(.*calls=%?([\w.\-]+)")
+_BRANCH = re.compile(r"\s(?:while|conditional)\(")
 
 
 def fusion_count(hlo: str) -> int:
@@ -172,8 +178,8 @@ def check(
     **options: Any,
 ) -> Check:
     """Plan work.fn for `target`, validate the plan on this machine's arguments, and compile the original, the plan
-    as optimize runs it and (where watched) the plan alone for `device` (default: tpu_device()). `options`:
-    optimize's."""
+    as optimize runs it and (where it has fallbacks) the plan alone for `device` (default: tpu_device()).
+    `options`: optimize's."""
     device = device if device is not None else tpu_device()
     limits = options.pop("limits", None) or eqsat.Limits()
     # this machine's clock says nothing about a TPU's: the plan is kept unmeasured, as the target chose it
@@ -191,9 +197,11 @@ def check(
         found.notes.append(f"the original runs: {plan.fallback}")
         return found
     found.model = memory_report(plan)
-    if plan.overflow_watch:
+    if plan.overflow_watch or found.planned.branches > found.original.branches:
         flat = jax.tree_util.tree_leaves(structs)
-        found.alone = compile_figures(lambda: jax.jit(lower(plan)).lower(*flat))
+        with kernels.common_path() as checks:
+            program = lower(plan)
+            found.alone = compile_figures(lambda: jax.jit(lambda *a: (program(*a), checks)).lower(*flat))
     return found
 
 
@@ -262,10 +270,11 @@ def side_by_side(found: Check) -> str:
         lines.append(f"{row:<{width}}  " + "  ".join(f"{v:>{w}}" for v, w in zip(values, cells, strict=True)))
     lines.append(f"rewritten ops: {listed(found.rewritten)}")
     lines.append(f"rules fired:   {listed(plan.rules_fired)}")
-    if found.watched:
+    if found.with_fallbacks:
         lines.append(
-            "note: watched (@real rules): XLA counts the watch's fallback loop, the original, run only where the "
-            "plan overflows, in the plan's flops and bytes; 'plan alone' is the plan's program without it"
+            "note: XLA counts the plan's fallbacks (the overflow watch's loop, the original, where @real rules "
+            "fired; an exact kernel's), run only on values out of range, in its flops and bytes; 'plan alone' is "
+            "the plan's program without them"
         )
     lines += [f"note: {note}" for note in [*found.notes, *findings(found)]]
     return "\n".join(lines)
@@ -302,12 +311,12 @@ def findings(found: Check) -> list[str]:
 def _budget_note(found: Check, plan: Compiled) -> str:
     """The budget against the TPU's peak (args + out - alias + temp, what eqsat's budget counts) and temp bytes of
     both programs, and eqsat's own check: XLA:CPU's figure of the program optimize runs, watch included."""
-    budget, base, watched = found.budget or 0, found.original, found.planned
+    budget, base, whole = found.budget or 0, found.original, found.planned
     mine, theirs = ("under" if c.peak <= budget else "OVER" for c in (plan, base))
     said = f"budget {_mib(budget)}: TPU peak {_mib(plan.peak)} with the plan ({mine}), {_mib(base.peak)} without "
     said += f"({theirs.lower()}); TPU temp {_mib(plan.temp)} against {_mib(base.temp)}"
-    if found.watched:
-        said += f"; the watched program's TPU peak {_mib(watched.peak)}"
+    if found.with_fallbacks:
+        said += f"; with its fallbacks the TPU peak {_mib(whole.peak)}"
     cpu = found.plan.memory.xla if found.plan.memory is not None else None
     if cpu is not None:
         verdict = "under" if cpu["total"] <= budget else "over"
@@ -316,11 +325,18 @@ def _budget_note(found: Check, plan: Compiled) -> str:
 
 
 def _predicted_instead(plan: Plan, what: str) -> str:
-    """What eqsat predicted for `what` ("flops" or "bytes") and where it saw the gain."""
+    """What eqsat predicted for `what` ("flops" or "bytes") and where it saw its gain: the figures it predicted
+    fewer of, other than `what` ("nowhere else" where `what` was all it saw: the prediction XLA contradicts)."""
     before, after = getattr(plan.original, what), getattr(plan.predicted, what)
     said = f"eqsat predicted {'more' if after > before * 1.001 else 'no more'} ({before:.4g} -> {after:.4g})"
-    kernels = f"kernels {plan.original.kernels} -> {plan.predicted.kernels}"
-    return f"{said}, its gain from {kernels}" if plan.predicted.seconds < plan.original.seconds else said
+    if plan.predicted.seconds >= plan.original.seconds:
+        return said
+    gains = [
+        f"{name} {getattr(plan.original, name):.4g} -> {getattr(plan.predicted, name):.4g}"
+        for name in ("flops", "bytes", "kernels")
+        if name != what and getattr(plan.predicted, name) < getattr(plan.original, name) * 0.999
+    ]
+    return f"{said}, its gain elsewhere: {', '.join(gains) or 'nowhere else'}"
 
 
 def programs(found: Check) -> list[tuple[str, Compiled]]:
