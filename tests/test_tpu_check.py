@@ -181,6 +181,13 @@ def test_findings_name_more_xla_work_a_missed_budget_and_the_memory_model_off():
     found = tpu_check.Check("d", plan, original, planned, model=MemoryReport(2**20, 2**20, 2**20), budget=2**19)
     notes = tpu_check.findings(found)
     assert notes[0].startswith("the plan has more XLA flops than the original (2e+06 > 1e+06); eqsat predicted")
+    # where eqsat saw its gain, less what XLA contradicts: its kernels, as XLA counts more fusions (3 > 2)
+    assert notes[0].endswith("its gain elsewhere: bytes 4.915e+04 -> 2.458e+04"), notes[0]
+    worse = dataclasses.replace(planned, bytes=2e5)  # more of all three: the gain eqsat saw, XLA sees nowhere
+    assert all(
+        n.endswith("none that XLA agrees with")
+        for n in tpu_check.findings(dataclasses.replace(found, planned=worse))[:2]
+    )
     assert "budget 0.50 MiB: TPU peak 0.50 MiB with the plan (under), 1.00 MiB without (over)" in notes[1]
     assert notes[2] == "eqsat's memory model 1.00 MiB is +100% off the TPU buffer assigner's peak 0.50 MiB"
     failed = tpu_check.Check("d", plan, original, tpu_check.Compiled(error="XlaRuntimeError: no"))

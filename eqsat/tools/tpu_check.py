@@ -292,10 +292,11 @@ def findings(found: Check) -> list[str]:
     plan = plan_program(found)
     base = found.original
     if not plan.error and not base.error:
-        for what, mine, theirs in (("flops", plan.flops, base.flops), ("bytes", plan.bytes, base.bytes)):
-            if mine > theirs * 1.001:
+        more = {what: (mine, theirs) for what, mine, theirs in _figures(plan, base) if mine > theirs * 1.001}
+        for what, (mine, theirs) in more.items():
+            if what != "kernels":
                 said.append(f"the plan has more XLA {what} than the original ({mine:.4g} > {theirs:.4g}); "
-                            + _predicted_instead(found.plan, what))  # fmt: skip
+                            + _predicted_instead(found.plan, what, set(more)))  # fmt: skip
         if found.budget is not None:
             said.append(_budget_note(found, plan))
     if found.model is not None and not plan.error and plan.peak:
@@ -324,9 +325,19 @@ def _budget_note(found: Check, plan: Compiled) -> str:
     return said
 
 
-def _predicted_instead(plan: Plan, what: str) -> str:
+def _figures(plan: Compiled, base: Compiled) -> list[tuple[str, float, float]]:
+    """(figure, the plan's, the original's) for what XLA counts and eqsat predicts: flops, bytes, and kernels (XLA's
+    fusions)."""
+    return [
+        ("flops", plan.flops, base.flops),
+        ("bytes", plan.bytes, base.bytes),
+        ("kernels", plan.fusions, base.fusions),
+    ]
+
+
+def _predicted_instead(plan: Plan, what: str, contradicted: set[str]) -> str:
     """What eqsat predicted for `what` ("flops" or "bytes") and where it saw its gain: the figures it predicted
-    fewer of, other than `what` ("nowhere else" where `what` was all it saw: the prediction XLA contradicts)."""
+    fewer of that XLA does not count more of (fusions for kernels)."""
     before, after = getattr(plan.original, what), getattr(plan.predicted, what)
     said = f"eqsat predicted {'more' if after > before * 1.001 else 'no more'} ({before:.4g} -> {after:.4g})"
     if plan.predicted.seconds >= plan.original.seconds:
@@ -334,9 +345,9 @@ def _predicted_instead(plan: Plan, what: str) -> str:
     gains = [
         f"{name} {getattr(plan.original, name):.4g} -> {getattr(plan.predicted, name):.4g}"
         for name in ("flops", "bytes", "kernels")
-        if name != what and getattr(plan.predicted, name) < getattr(plan.original, name) * 0.999
+        if name not in contradicted and getattr(plan.predicted, name) < getattr(plan.original, name) * 0.999
     ]
-    return f"{said}, its gain elsewhere: {', '.join(gains) or 'nowhere else'}"
+    return f"{said}, its gain elsewhere: {', '.join(gains) or 'none that XLA agrees with'}"
 
 
 def programs(found: Check) -> list[tuple[str, Compiled]]:
