@@ -96,7 +96,7 @@ def _agrees(found: tpu_check.Check) -> str:
         return "-"
 
     def way(before: float, after: float) -> int:
-        return 0 if abs(after - before) <= 0.02 * max(before, 1e-30) else (1 if after < before else -1)
+        return 0 if abs(after - before) <= tpu_check.NO_CHANGE * max(before, 1e-30) else (1 if after < before else -1)
 
     ours = way(plan.original.seconds, plan.predicted.seconds)
     flops, bytes_ = way(base.flops, mine.flops), way(base.bytes, mine.bytes)

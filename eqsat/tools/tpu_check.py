@@ -26,6 +26,7 @@ from eqsat.support.errors import EqsatError
 from eqsat.support.workload import Workload
 
 TARGET = "tpu-v5e"
+NO_CHANGE = 0.02  # a figure within 2% of the original's is no change: no gain, no loss
 NEEDS_EXTRA = (
     "compiling for a TPU without one needs libtpu, the optional extra `tpu-aot`: pip install -e '.[tpu-aot]' "
     "(in its own environment: with libtpu installed, every jax process tries a TPU first)"
@@ -337,7 +338,7 @@ def _figures(plan: Compiled, base: Compiled) -> list[tuple[str, float, float]]:
 
 def _predicted_instead(plan: Plan, what: str, contradicted: set[str]) -> str:
     """What eqsat predicted for `what` ("flops" or "bytes") and where it saw its gain: the figures it predicted
-    fewer of that XLA does not count more of (fusions for kernels)."""
+    fewer of by more than NO_CHANGE that XLA does not count more of (fusions for kernels)."""
     before, after = getattr(plan.original, what), getattr(plan.predicted, what)
     said = f"eqsat predicted {'more' if after > before * 1.001 else 'no more'} ({before:.4g} -> {after:.4g})"
     if plan.predicted.seconds >= plan.original.seconds:
@@ -345,7 +346,7 @@ def _predicted_instead(plan: Plan, what: str, contradicted: set[str]) -> str:
     gains = [
         f"{name} {getattr(plan.original, name):.4g} -> {getattr(plan.predicted, name):.4g}"
         for name in ("flops", "bytes", "kernels")
-        if name not in contradicted and getattr(plan.predicted, name) < getattr(plan.original, name) * 0.999
+        if name not in contradicted and getattr(plan.predicted, name) < getattr(plan.original, name) * (1 - NO_CHANGE)
     ]
     return f"{said}, its gain elsewhere: {', '.join(gains) or 'none that XLA agrees with'}"
 
