@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import eqsat
 from eqsat.numerics import guard
@@ -206,6 +207,25 @@ def test_while_undecided_each_live_call_runs_one_program_in_turn(monkeypatch):
     entry = _called(fast, args, 7)  # the first validates and measures (undecided); six live calls follow
     assert entry.undecided and entry.plan.measured["rounds"] == 13  # NOISY's 10 and three live rounds
     assert ran == [True, False, False, True, True, False]
+
+
+def test_a_call_staged_into_a_scan_body_is_no_live_call(monkeypatch):
+    """Fuzz seed 2050, case 6292: a scan body that closes over arrays calls the function on values, yet jax.jit
+    stages that call into the body. A live call ran it at once instead, outside the loop, where XLA computes a
+    dilated conv otherwise (its holes times an inf weight: NaN where jax.jit's loop body skips them). While
+    undecided, such a call runs what the entry's state says, in the trace, as jax.jit's does."""
+    _clock(monkeypatch, NOISY)
+    ran, timed = [], guard.live_timed
+    monkeypatch.setattr(guard, "live_timed", lambda program, plan: (ran.append(plan), timed(program, plan))[1])
+    fast = eqsat.optimize(_chain(), limits=GUARDED)
+    args = _args(64)
+    entry = _called(fast, args, 1)
+    assert entry.undecided and not ran
+    staged = lax.scan(lambda c, _: (c, fast(*args)), 0, None, length=2)[1]
+    assert not ran and entry.undecided  # staged into the body: nothing timed
+    np.testing.assert_allclose(staged, np.stack([_chain()(*args)] * 2), rtol=1e-4, atol=1e-4)
+    fast(*args)
+    assert ran == [True]  # a call at the top level is still a live call
 
 
 @pytest.mark.parametrize("background", [False, True])

@@ -30,7 +30,7 @@ import jax
 from jax._src import config
 
 from eqsat.checks import validate
-from eqsat.dispatch.jit import JitDispatch, called_eagerly, inlined, unexplained
+from eqsat.dispatch.jit import JitDispatch, called_eagerly, inlined, runs_now, unexplained
 from eqsat.dispatch.verdicts import Verdicts
 from eqsat.planning.planner import Captured, Planner
 from eqsat.plans.options import ResolvedOptions
@@ -131,7 +131,7 @@ class Dispatcher(Verdicts):
         None where the call runs as any other."""
         flat, signature = self.signature(args, kwargs)
         entry = self.cache.get((signature, False))
-        if entry is None or id(entry) not in self.plans.measuring or self.dispatch.donates or not concrete(flat):
+        if entry is None or id(entry) not in self.plans.measuring or self.dispatch.donates or not runs_now(flat):
             return None
         runs = entry.running
         dispatched = functools.partial(self.dispatch.run, *args, **kwargs)

@@ -19,6 +19,7 @@ from jax._src import core as jax_core  # the trace a body runs under, to tell a 
 import eqsat.backends
 import eqsat.extract
 from eqsat.plans.plan_cache import SharedPlans
+from eqsat.plans.signature import concrete
 
 
 class JitDispatch:
@@ -79,3 +80,10 @@ def inlined(call: Callable[..., Any]) -> Callable[..., Any]:
 def called_eagerly() -> bool:
     """Whether the trace running now is jax.jit's of a call on values (not under an outer transformation)."""
     return isinstance(getattr(jax_core.trace_ctx.trace, "parent_trace", None), jax_core.EvalTrace)
+
+
+def runs_now(leaves: list[Any]) -> bool:
+    """Whether a call on these leaves runs at once, as jax.jit runs it: values, under no trace. A scan body that
+    closes over arrays calls on values, yet jax.jit stages that call into the body, where XLA may compute it
+    otherwise (a dilated conv's holes times an inf weight: NaN at the top level, skipped in a loop body)."""
+    return concrete(leaves) and isinstance(jax_core.trace_ctx.trace, jax_core.EvalTrace)

@@ -12,9 +12,9 @@ from eqsat.backends.lower import with_overflow_watch, with_parameter_only_values
 from eqsat.capture.ir import Role
 from eqsat.checks import validate
 from eqsat.dispatch.dispatcher import Dispatcher
-from eqsat.dispatch.jit import inlined
+from eqsat.dispatch.jit import inlined, runs_now
 from eqsat.plans.plan_life import Entry
-from eqsat.plans.signature import aval_key, concrete, merge_params
+from eqsat.plans.signature import aval_key, merge_params
 
 
 def prepare(calls: Dispatcher, params: tuple) -> Callable[..., Any]:
@@ -87,9 +87,9 @@ def _measured_live(
     settle: Callable[[Callable], None],
 ) -> Callable[[tuple, list[Any]], Any]:
     """The call of a signature whose guard was undecided: the prepared plan (`planned`) and the original
-    (`unchanged`) taking turns, timed (validate.live_call), where the arguments are concrete; else what the entry's
-    state says. Once the entry is settled (here, or by another prepare of the same signature) it hands `settle` the
-    call it runs from then on, which measures nothing."""
+    (`unchanged`) taking turns, timed (validate.live_call), where the call runs now (jit.runs_now); else what the
+    entry's state says. Once the entry is settled (here, or by another prepare of the same signature) it hands
+    `settle` the call it runs from then on, which measures nothing."""
 
     def measuring(rest: tuple, leaves: list[Any]) -> Any:
         settled = not entry.undecided  # read first: a settled entry's call changes no more
@@ -97,7 +97,7 @@ def _measured_live(
         if settled:
             settle(running)
             return running(rest, leaves)
-        if concrete(leaves):  # not while an outer transformation traces it
+        if runs_now(leaves):  # not while a trace (an outer transformation, a scan body) stages it
             plan, original = functools.partial(planned, rest, leaves), functools.partial(unchanged, rest, leaves)
             ran, out = validate.live_call(entry, plan, original, calls.live_settled(entry), calls.planner.name)
             if ran:
