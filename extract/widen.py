@@ -17,6 +17,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import jax.numpy as jnp
+
 from eqsat.extract.cost import NARROW_FLOATS, Profile, rounding_seconds
 from eqsat.ops.table import ONE_HOT, OPS, CostClass
 
@@ -74,7 +76,8 @@ def _widenable(nodes: list["PlanNode"], node: "PlanNode", narrow: list[bool]) ->
     value computed from no narrow value at all is the program's own quantization (`x.astype(bfloat16)` of a float32
     input), which stays: `narrow`, per node, whether it is computed from a narrow value. A product with a one-hot
     stays narrow: XLA turns x * one_hot into a select in float16 (no NaN from 0 x inf beside the label), not once a
-    conversion to float32 stands between them (fuzz seed 2042 case 2875)."""
+    conversion to float32 stands between them (fuzz seed 2042 case 2875). A conversion to a type of narrower range
+    stays too (_narrows_range)."""
     if node.parameter_only or node.op not in OPS or OPS[node.op].structural or not node.inputs:
         return False
     if any(nodes[j].op == ONE_HOT for j in node.inputs):
@@ -83,9 +86,21 @@ def _widenable(nodes: list["PlanNode"], node: "PlanNode", narrow: list[bool]) ->
     if not all(nodes[j].dtype in floats for j in node.inputs):
         return False
     if OPS[node.op].converts:
-        return node.dtype in floats and (node.dtype == WIDE or narrow[node.inputs[0]])
+        within_range = not _narrows_range(nodes[node.inputs[0]].dtype, node.dtype)
+        return node.dtype in floats and (node.dtype == WIDE or narrow[node.inputs[0]]) and within_range
     spec = OPS[node.op]
     return node.dtype in NARROW_FLOATS and spec.cost_class in _WIDENED_CLASSES and spec.keeps_input_dtype
+
+
+def _narrows_range(source: str | None, target: str | None) -> bool:
+    """Whether converting `source` to `target` loses range, not only precision: bfloat16 or float32 to float16 makes
+    values beyond 65504 inf and those under 6e-8 zero, which in float32 is no identity and which the program means
+    (`x.astype(float16).astype(bfloat16)` of bfloat16 data: fuzz seed 2051, case 2694, 1e-31 kept where jax.jit
+    gives 0)."""
+    if source is None or target is None:
+        return False
+    wide, narrow = jnp.finfo(source), jnp.finfo(target)
+    return narrow.maxexp < wide.maxexp or narrow.minexp > wide.minexp  # fewer exponent bits
 
 
 def removed_roundings(nodes: Sequence["PlanNode"], roots: Sequence[int]) -> list["PlanNode"]:

@@ -105,6 +105,7 @@ def test_a_result_more_accurate_than_jax_jits_is_no_mismatch() -> None:
         (2046, 2793),
         (2047, 1619),
         (2050, 6292),
+        (2051, 2694),
     ],
 )
 def test_special_values_on_a_later_call_give_jits_answer(seed: int, index: int) -> None:
@@ -122,7 +123,9 @@ def test_special_values_on_a_later_call_give_jits_answer(seed: int, index: int) 
     is in 28 (XLA:CPU masks a batch-grouped conv by a product with zeros; convs with batch groups are watched now).
     Seed 2050, case 6292: called in a scan body over closed-over arrays while the guard was undecided, a live call
     ran the original at once, where jax.jit stages it into the body: a lhs-dilated conv's holes times an inf weight,
-    NaN at the top level, skipped in the loop (test_guard.py's staged-call test pins it without the timing)."""
+    NaN at the top level, skipped in the loop (test_guard.py's staged-call test pins it without the timing). Seed
+    2051, case 2694 (the "scaled" call): a bfloat16 value converted to float16 and back, widened to float32 as if
+    the conversion were the identity: 1e-31 kept where float16 makes it 0 (conversions that narrow the range stay)."""
     outcome = fuzz.run_case(fuzz_cases.draw_case(seed, index))
     assert outcome.status == "ok", outcome.detail
 

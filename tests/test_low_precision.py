@@ -150,3 +150,18 @@ def test_a_written_rounding_is_named_and_kept_when_asked():
     kept = eqsat.optimize(rounded, disabled_rules=("low-precision",))
     np.testing.assert_array_equal(kept(x), jax.jit(rounded)(x))
     assert not kept.plan(x).widened() and "removed" not in kept.plan(x).summary()
+
+
+def test_a_conversion_to_a_narrower_range_is_kept():
+    """Fuzz seed 2051, case 2694: `x.astype(float16).astype(bfloat16)` of bfloat16 data makes 1e-31 zero (and 1e5
+    inf), which in float32 is no identity: the conversion stays, and the chain around it is still widened."""
+
+    def chained(x):
+        return jnp.tanh(x.astype(jnp.float16).astype(jnp.bfloat16) * 2.0) * jnp.exp(-x) + x
+
+    x = _normal(jnp.bfloat16, 64, 64)
+    fast = eqsat.optimize(chained, validate=False)
+    fast(x)
+    assert fast.plan(x).widened()
+    tiny = x * jnp.bfloat16(1e-31)
+    np.testing.assert_array_equal(fast(tiny), jax.jit(chained)(tiny))
