@@ -86,19 +86,21 @@ def _widenable(nodes: list["PlanNode"], node: "PlanNode", narrow: list[bool]) ->
     if not all(nodes[j].dtype in floats for j in node.inputs):
         return False
     if OPS[node.op].converts:
-        within_range = not _narrows_range(nodes[node.inputs[0]].dtype, node.dtype)
-        return node.dtype in floats and (node.dtype == WIDE or narrow[node.inputs[0]]) and within_range
+        source = nodes[node.inputs[0]].dtype
+        return (
+            node.dtype in floats
+            and (node.dtype == WIDE or narrow[node.inputs[0]])
+            and not _narrows_range(source, node.dtype)
+        )
     spec = OPS[node.op]
     return node.dtype in NARROW_FLOATS and spec.cost_class in _WIDENED_CLASSES and spec.keeps_input_dtype
 
 
-def _narrows_range(source: str | None, target: str | None) -> bool:
-    """Whether converting `source` to `target` loses range, not only precision: bfloat16 or float32 to float16 makes
-    values beyond 65504 inf and those under 6e-8 zero, which in float32 is no identity and which the program means
-    (`x.astype(float16).astype(bfloat16)` of bfloat16 data: fuzz seed 2051, case 2694, 1e-31 kept where jax.jit
-    gives 0)."""
-    if source is None or target is None:
-        return False
+def _narrows_range(source: str, target: str) -> bool:
+    """Whether converting float type `source` to float type `target` loses range, not only precision: bfloat16 or
+    float32 to float16 makes values beyond 65504 inf and those under 6e-8 zero, which in float32 is no identity and
+    which the program means (`x.astype(float16).astype(bfloat16)` of bfloat16 data: fuzz seed 2051, case 2694, 1e-31
+    kept where jax.jit gives 0)."""
     wide, narrow = jnp.finfo(source), jnp.finfo(target)
     return narrow.maxexp < wide.maxexp or narrow.minexp > wide.minexp  # fewer exponent bits
 
