@@ -247,3 +247,21 @@ def _in_a_loop(fun: Callable[..., Any]) -> Callable[..., Any]:
         return lax.while_loop(lambda c: c[1], lambda c: (fun(*xs), False), (zeros, True))[0]
 
     return looped
+
+
+@pytest.mark.parametrize("scale", [3.0, 5.0, 7.0])
+def test_stable_softmax_of_a_product_at_large_magnitudes_is_one_hot(scale: float):
+    """Fuzz seed 2054, case 9941: the Softmax kernel of x * scale, x near 1e12, under jax.jit was NaN across rows
+    where XLA contracted the product into an FMA with the subtraction of the row's largest element in one fusion and
+    rounded it in the max's (x - max: the rounding error, down to -65536; every exponent 0, then 0 / 0). Exactly 1
+    at the largest element, 0 elsewhere, as in exact arithmetic; its derivative is softmax's."""
+    softmax = OPS["Softmax"].lower
+    x = jnp.asarray(np.random.default_rng(9941).normal(size=(256, 4)) * 1e12, jnp.float32)
+    y = np.asarray(jax.jit(lambda x: softmax((1,), x * np.float32(scale)))(x))
+    np.testing.assert_array_equal(y, np.eye(4, dtype=np.float32)[np.argmax(np.asarray(x), 1)])
+    small = x[:2] * 1e-12
+    ours, jaxs = (
+        jax.grad(lambda v, f=f: (f(v) * jnp.arange(4.0)).sum())(small)
+        for f in (lambda v: softmax((1,), v), lambda v: jax.nn.softmax(v, 1))
+    )
+    np.testing.assert_allclose(ours, jaxs, rtol=1e-6, atol=1e-7)

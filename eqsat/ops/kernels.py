@@ -4,6 +4,7 @@ beside the op it can replace, and the timing cache chooses)."""
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterator
 from math import prod
 from typing import TYPE_CHECKING, Any
@@ -333,13 +334,26 @@ def masked_arg_reduce(a: "ArgReduceAttrs", x: Any) -> Any:
     return lax.select(first < n, first, first - np.array(n, codes)).astype(a.index_dtype)
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def softmax(axis: int, x: Any) -> Any:
     """exp(x - m) / sum(exp(x - m)) with m the largest finite element (0 where none is): jax.nn.softmax subtracts
     the largest element, so a row holding +inf is NaN throughout (inf - inf), where the naive form the rule
-    replaces gives 0 beside the NaN; with m finite every special value meets the naive form's arithmetic."""
+    replaces gives 0 beside the NaN; with m finite every special value meets the naive form's arithmetic.
+    Where x == m the exponent is 0 by a select, not by x - m: XLA contracts a product that makes x into an FMA with
+    the subtraction in one fusion and rounds it in the max's, so x - m was the product's rounding error, at 1e12 as
+    much as -65536, and a row's every exponent underflowed to 0 / 0 (fuzz seed 2054, case 9941)."""
     top = jnp.max(jnp.where(jnp.isfinite(x), x, -jnp.inf), axis, keepdims=True)
-    exp = jnp.exp(x - lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0)))
+    top = jnp.where(jnp.isfinite(top), top, 0)
+    exp = jnp.exp(jnp.where(x == top, 0, x - top))
     return exp / jnp.sum(exp, axis, keepdims=True)
+
+
+@softmax.defjvp
+def _softmax_jvp(axis: int, primals: tuple, tangents: tuple) -> tuple[Any, Any]:
+    """Softmax's derivative, y * (dx - sum(y * dx)): the select above would give the largest element none."""
+    (x,), (dx,) = primals, tangents
+    y = softmax(axis, x)
+    return y, y * (dx - jnp.sum(y * dx, axis, keepdims=True))
 
 
 def pool_init(fn: str, dtype: Any) -> Any:
