@@ -32,6 +32,13 @@ def test_cases_are_reproducible_and_varied() -> None:
     assert {c.program.dtype for c in drawn} == set(fuzz_cases.DTYPES)
 
 
+def test_a_long_run_in_parts_runs_the_same_cases() -> None:
+    summary = fuzz.fuzz(2, 3, first=17)
+    assert [o.case.index for o in summary.outcomes] == [17, 18]
+    assert repr(summary.outcomes[0].case.program) == repr(fuzz_cases.draw_case(3, 17).program)
+    assert "2 cases (17 to 18)" in summary.table()
+
+
 def test_a_mismatch_is_reported() -> None:
     """The comparison the fuzzer makes can fail: a result off by more than the tolerance."""
     x = jnp.linspace(1.0, 2.0, 8)

@@ -16,7 +16,8 @@ validation does not see). A case fails when a result differs beyond the toleranc
 validation uses (`mismatch`), when eqsat raises where jax.jit did not (`crash`), or when eqsat's own machinery
 failed and warned (`internal`). Fallbacks (validation caught a wrong plan and the original ran) are counted.
 
-`python -m eqsat fuzz --n N --seed S` runs N cases; `--only I` re-runs case I of that seed. Deterministic: each
+`python -m eqsat fuzz --n N --seed S` runs N cases (`--first F`: from case F on, a long run in parts); `--only I`
+re-runs case I of that seed. Deterministic: each
 case is drawn from its seed and index (eqsat/tools/fuzz_cases.py).
 """
 
@@ -83,6 +84,10 @@ class Summary:
     def failures(self) -> list[Outcome]:
         return [o for o in self.outcomes if o.status in FAILURES]
 
+    def _span(self) -> str:
+        indices = [o.case.index for o in self.outcomes]
+        return f" ({min(indices)} to {max(indices)})" if indices and min(indices) > 0 else ""
+
     def table(self) -> str:
         ran = [o for o in self.outcomes if o.status != "invalid"]
         rewritten = collections.Counter()
@@ -90,8 +95,8 @@ class Summary:
             rewritten.update(o.rewritten)
         by_transform = collections.Counter(o.case.transform for o in ran)
         lines = [
-            f"seed {self.seed}: {len(self.outcomes)} cases, {len(ran)} run ({self.count('invalid')} that jax.jit "
-            f"itself refused skipped), {self.seconds:.0f} s",
+            f"seed {self.seed}: {len(self.outcomes)} cases{self._span()}, {len(ran)} run ({self.count('invalid')} "
+            f"that jax.jit itself refused skipped), {self.seconds:.0f} s",
             f"  mismatches {self.count('mismatch')}, crashes {self.count('crash')}, internal failures "
             f"{self.count('internal')}, fallbacks after validation {sum(o.fallback for o in ran)}",
             f"  plans rewritten in {sum(bool(o.rewritten) for o in ran)} cases; ops introduced: "
@@ -327,11 +332,12 @@ def fuzz(
     only: int | None = None,
     progress: Callable[[Outcome], None] | None = None,
     jobs: int = 1,
+    first: int = 0,
 ) -> Summary:
-    """Run cases 0..n-1 of this seed (or only case `only`), each against jax.jit, in `jobs` processes; returns
-    what happened, in case order."""
+    """Run cases first..first+n-1 of this seed (or only case `only`), each against jax.jit, in `jobs` processes;
+    returns what happened, in case order."""
     start = time.perf_counter()
-    indices = range(n) if only is None else [only]
+    indices = range(first, first + n) if only is None else [only]
     outcomes = []
     try:
         if jobs <= 1:

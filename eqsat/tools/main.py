@@ -124,7 +124,7 @@ def fuzz(args: argparse.Namespace) -> int:
 
     os.environ.setdefault("EQSAT_PLAN_STORE", "off")  # thousands of one-off programs: none is worth keeping
     signal.signal(signal.SIGTERM, stop)  # a long run stopped with kill still prints the summary of what ran
-    summary = run_fuzz(args.n, args.seed, args.only, progress=report, jobs=args.jobs)
+    summary = run_fuzz(args.n, args.seed, args.only, progress=report, jobs=args.jobs, first=args.first)
     print(summary.table())
     return 1 if summary.failures else 0
 
@@ -227,12 +227,14 @@ def _add_fuzz(commands: Any) -> None:
         "fuzz",
         "random programs through optimize under random transformations, against jax.jit",
         "python -m eqsat fuzz --n 1000 --seed 7 --jobs 2   # mismatches and crashes as they come, then a summary\n"
+        "python -m eqsat fuzz --n 500 --seed 7 --first 500 # cases 500 to 999: a long run in parts\n"
         "python -m eqsat fuzz --seed 7 --only 123          # re-run case 123 of seed 7",
     )
     p.add_argument("--n", type=number(int, 1), default=200, help="cases to run")
     p.add_argument(
         "--seed", type=number(int, 0), default=0, help="seed: case I of seed S is the same program everywhere"
     )
+    p.add_argument("--first", type=number(int, 0), default=0, help="start at case FIRST (a long run in parts)")
     p.add_argument("--only", type=number(int, 0), help="run only case ONLY of the seed (to reproduce a failure)")
     p.add_argument("--jobs", type=number(int, 1), default=1, help="worker processes the cases are spread over")
     p.add_argument("--every", type=number(int, 1), default=100, help="print a progress line every EVERY cases")
