@@ -10,9 +10,10 @@ from jax import lax
 from jax.custom_batching import custom_vmap
 from jax.extend import core
 
+from eqsat.backends.merged_contractions import merged_contractions
 from eqsat.extract.plan import Plan
 from eqsat.ops import kernels
-from eqsat.ops.table import OPS, VAR
+from eqsat.ops.table import DOT, OPS, VAR
 from eqsat.support.graph_walk import reachable
 
 
@@ -35,6 +36,8 @@ def lower(
     wide = {i for i in needed if plan.nodes[i].wide}
     # widened values read as typed: by a node computed as typed, or as a result
     rounded = {j for i in needed if i not in wide for j in plan.nodes[i].inputs} | set(wanted)
+    merged, unread = merged_contractions(plan, needed, wide | set(wanted) | set(given))
+    needed = [i for i in needed if i not in unread]
 
     def run(*args: Any) -> list[Any]:
         values: dict[int, Any] = dict(zip(given, args[n_args:], strict=True))
@@ -50,6 +53,10 @@ def lower(
 
         for i in needed:
             node = plan.nodes[i]
+            if i in merged:
+                a, b = merged[i].operands
+                values[i] = OPS[DOT].lower(node.attrs, values[a], values[b], contracting=merged[i].contracting)
+                continue
             if i not in wide:
                 values[i] = graph.apply(node.op, node.attrs, [values[j] for j in node.inputs], variable)
                 continue

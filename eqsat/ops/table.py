@@ -244,8 +244,10 @@ def _matrix_transpose(x: Any) -> Any:
     return lax.transpose(x, (*range(n - 2), n - 1, n - 2))
 
 
-def _dot(_attrs: tuple, a: Any, b: Any) -> Any:
-    return lax.dot_general(a, b, (((a.ndim - 1,), (0,)), ((), ())))
+def _dot(_attrs: tuple, a: Any, b: Any, contracting: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Any:
+    """a[..., K] . b[K, ...]; `contracting`: the axes of a and b contracted instead, where lowering gives the
+    operands unmerged (backends/merged_contractions.py)."""
+    return lax.dot_general(a, b, (contracting or ((a.ndim - 1,), (0,)), ((), ())))
 
 
 # (Dense activation x w b): activation(x @ w + b), what rules/fusion.egg groups a GEMM, its bias and activation into
