@@ -66,6 +66,13 @@ class Profile:
     # out a dot's operand), as a share of the op's inputs' bytes; measured by the same command; empty: none
     layout_copies: dict[str, float] = field(default_factory=dict)
     topology: str = ""  # a TPU's: the topology XLA's TPU compiler compiles this target's plans for, deviceless
+    # a row product (OpSpec.row_product) of at most this many rows (a GEMV's one) runs as a loop the target fuses with
+    # its siblings and elementwise consumers, no kernel of its own (XLA's TPU compiler: 8 sibling GEMVs, 2 fusions);
+    # measured by `python -m eqsat calibrate --target tpu-v5e`; 0: every contraction is a kernel
+    loop_contraction_rows: int = 0
+    # how often a row product of more rows reads its matrix, by the target compiler's count (XLA's TPU cost analysis:
+    # 5 times, tiles fetched again, from 2 rows to 128); measured by the same command; 1: once
+    matrix_reads: float = 1.0
     # measured seconds per node key (node_key), attached at planning time; they replace the roofline where present
     timings: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
 
@@ -261,18 +268,31 @@ def _fused_read(node: _Node, profile: Profile) -> Cost:
 
 
 def _contraction(node: _Node, profile: Profile) -> Cost:
-    """max(compute, memory) and a kernel launch, or what the timing cache measured."""
+    """max(compute, memory) and a kernel launch (none for a GEMV the target fuses as a loop), or what the timing
+    cache measured."""
     assert node.out_shape is not None and node.in_shapes[0] is not None
     flops = float(contraction_flops(node.op, node.in_shapes, node.out_shape))
+    matrix, rows = _row_product(node)
+    loop = matrix is not None and rows <= profile.loop_contraction_rows
     moved = node.in_bytes + node.out_bytes
+    if matrix is not None and not loop:
+        moved += round((profile.matrix_reads - 1) * value_bytes(matrix, node.dtype))
     measured = _timed(profile, node)
     if measured is not None:
         return Cost(measured, flops, moved, 1, measured=1)
     peak = profile.flops_per_second(node.dtype or "float32", conv=node.op == CONV)
     seconds = max(flops / peak, moved / profile.bandwidth_for(moved))
     seconds += _epilogue_passes(node.op, node.attrs, profile) * node.out_bytes / profile.bandwidth_for(node.out_bytes)
+    if loop:
+        return Cost(seconds, flops, moved, 0)  # fused with its neighbours
     overhead = profile.launch_overhead if profile.contraction_overhead is None else profile.contraction_overhead
     return Cost(seconds + overhead, flops, moved, 1)
+
+
+def _row_product(node: _Node) -> tuple[Shape | None, int]:
+    """The matrix a row product multiplies (None for any other contraction) and how many rows it multiplies."""
+    a, w = node.in_shapes[0] or (), node.in_shapes[1] or ()
+    return (w, prod(a[:-1])) if OPS[node.op].row_product and len(w) == 2 else (None, 0)
 
 
 def _gather(node: _Node, profile: Profile, checked: bool = False) -> Cost:

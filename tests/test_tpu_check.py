@@ -14,7 +14,7 @@ from eqsat.__main__ import main
 from eqsat.backends import memory as M
 from eqsat.backends.fusion import fused_values
 from eqsat.backends.memory import MemoryReport
-from eqsat.extract.cost import Profile, load_bundled, load_profile
+from eqsat.extract.cost import Profile, load_bundled, load_profile, node_cost
 from eqsat.ops import kernels
 from eqsat.ops.table import OPS
 from eqsat.support.workload import Workload
@@ -182,7 +182,7 @@ def test_findings_name_more_xla_work_a_missed_budget_and_the_memory_model_off():
     notes = tpu_check.findings(found)
     assert notes[0].startswith("the plan has more XLA flops than the original (2e+06 > 1e+06); eqsat predicted")
     # where eqsat saw its gain, less what XLA contradicts: its kernels, as XLA counts more fusions (3 > 2)
-    assert notes[0].endswith("its gain elsewhere: bytes 4.915e+04 -> 2.458e+04"), notes[0]
+    assert notes[0].endswith("its gain elsewhere: bytes 8.192e+04 -> 4.096e+04"), notes[0]
     worse = dataclasses.replace(planned, bytes=2e5)  # more of all three: the gain eqsat saw, XLA sees nowhere
     assert all(
         n.endswith("none that XLA agrees with")
@@ -230,6 +230,25 @@ def test_calibration_measures_what_the_tpu_compiler_fuses(tmp_path, monkeypatch,
     assert "fuses producers into contraction" in out, out
     measured = load_profile("tpu-v5e")
     assert "contraction" in measured.fuses_into_consumers and measured.bandwidth == load_bundled("tpu-v5e").bandwidth
+    assert "8 products of one input in 2 fusions" in out and "the matrix read 5 times" in out, out
+    assert (measured.loop_contraction_rows, measured.matrix_reads) == (1, 5.0)  # as the bundled profile says
+    bundled = load_bundled("tpu-v5e")
+    assert (bundled.loop_contraction_rows, bundled.matrix_reads) == (1, 5.0)
+
+
+def test_a_gemv_is_a_loop_and_a_product_of_more_rows_reads_its_matrix_as_xla_counts():
+    """XLA's TPU compiler fuses one-row products with their siblings and counts a matrix product of more rows as
+    reading its matrix 5 times (calibrated above): the tpu-v5e profile prices both so; the CPU's is unchanged."""
+    tpu, cpu, matrix = load_bundled("tpu-v5e"), load_bundled("cpu"), 512 * 512 * 4
+    gemv = node_cost("Dot", [(1, 512), (512, 512)], (1, 512), "float32", tpu)
+    assert gemv.kernels == 0 and gemv.bytes == matrix + 2 * 512 * 4
+    rows8 = node_cost("Dot", [(8, 512), (512, 512)], (8, 512), "float32", tpu)
+    assert rows8.kernels == 1 and rows8.bytes == 5 * matrix + 2 * 8 * 512 * 4
+    dense = node_cost("Dense", [(1, 512), (512, 512), (512,)], (1, 512), "float32", tpu, attrs=("tanh",))
+    assert dense.kernels == 0
+    for rows in (1, 8):
+        on_cpu = node_cost("Dot", [(rows, 512), (512, 512)], (rows, 512), "float32", cpu)
+        assert on_cpu.kernels == 1 and on_cpu.bytes == matrix + 2 * rows * 512 * 4
 
 
 def test_the_checks_run_and_time_on_the_device_at_hand(capsys):

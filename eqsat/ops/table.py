@@ -143,6 +143,9 @@ class OpSpec:
     # it adds terms (besides a contraction's): the order of the additions decides which partial sum overflows, and
     # a zero sum's sign (eqsat/egraph/check.py, special values); a callable decides by the attributes
     sums: bool | Callable[[tuple], bool] = False
+    # each row of its first operand times one matrix (a[..., K] . w[K, N]): with one row, a GEMV, which a TPU runs as
+    # a loop fused with its neighbours (Profile.loop_contraction_rows)
+    row_product: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cost_class", CostClass(self.cost_class))
@@ -454,6 +457,7 @@ OPS: dict[str, OpSpec] = {
             contracted=lambda shapes: shapes[0][-1],
             chain_axes=0,
             merge_key=lambda _attrs, shapes: () if len(shapes[1] or ()) == 2 else None,  # matrix weights
+            row_product=True,
         ),
         # a GEMM with its bias and activation (never captured: rules group them)
         OpSpec(
@@ -465,6 +469,7 @@ OPS: dict[str, OpSpec] = {
             "dense",
             contracted=lambda shapes: shapes[0][-1],
             epilogue=True,
+            row_product=True,
         ),
         # batched matmul with leading batch dims: a[B..., M, K] . b[B..., K, N] -> [B..., M, N].
         OpSpec(

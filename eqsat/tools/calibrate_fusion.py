@@ -69,7 +69,46 @@ def measure(target: str) -> dict[str, Any]:
             probes[f"{cost_class}/{side}"] = {"beyond": compiled.peak - compiled.resident, "intermediate": between}
             if compiled.peak - compiled.resident < beyond + between / 2:  # no buffer for the intermediate
                 fused.append(str(cost_class))
-    return {"probes": probes, "fuses_producers_into": producers, "fuses_into_consumers": consumers, "copies": copies}
+    rows = _loop_contraction_rows(device, probes)
+    reads = _matrix_reads(device, probes)
+    return {
+        "probes": probes,
+        "fuses_producers_into": producers,
+        "fuses_into_consumers": consumers,
+        "copies": copies,
+        "loop_contraction_rows": rows,
+        "matrix_reads": reads,
+    }
+
+
+_SIBLINGS, _WIDTH = 8, 512  # nasrnn's: eight products of one 512-wide state
+
+
+def _loop_contraction_rows(device: Any, probes: dict[str, Any]) -> int:
+    """The most rows a product of one matrix has where the target still runs it as a loop fused with its siblings:
+    eight products of one input, each under a tanh, compiled in fewer fusions than eight (0: none is)."""
+    fused = 0
+    for rows in (1, 2, 4, 8):
+        inputs = [jax.ShapeDtypeStruct((rows, _WIDTH), jnp.float32)]
+        inputs += [jax.ShapeDtypeStruct((_WIDTH, _WIDTH), jnp.float32)] * _SIBLINGS
+        structs = tpu_check.on_device(inputs, device)
+        compiled = _compiled(lambda h, *ws: sum(jnp.tanh(h @ w) for w in ws), structs, f"the {rows}-row products")
+        probes[f"siblings/{rows} rows"] = {"fusions": compiled.fusions, "products": _SIBLINGS}
+        if compiled.fusions >= _SIBLINGS:
+            break
+        fused = rows
+    return fused
+
+
+def _matrix_reads(device: Any, probes: dict[str, Any]) -> float:
+    """How often XLA's count reads the matrix of an 8-row product: its bytes beyond the rows and the result, in
+    matrices."""
+    rows, matrix = jax.ShapeDtypeStruct((8, _WIDTH), jnp.float32), jax.ShapeDtypeStruct((_WIDTH, _WIDTH), jnp.float32)
+    compiled = _compiled(lambda a, w: a @ w, tpu_check.on_device([rows, matrix], device), "the 8-row product")
+    beyond = compiled.bytes - 2 * value_bytes(rows.shape, "float32")
+    reads = round(beyond / value_bytes(matrix.shape, "float32"), 2)
+    probes["products/8 rows"] = {"bytes": compiled.bytes, "matrix reads": reads}
+    return reads
 
 
 def _compiled(probe: Callable[..., Any], structs: list[Any], what: str) -> tpu_check.Compiled:
@@ -89,6 +128,8 @@ def calibrate_fusion(target: str, out: str | Path | None = None) -> dict[str, An
         "fuses_producers_into": found["fuses_producers_into"],
         "fuses_into_consumers": found["fuses_into_consumers"],
         "layout_copies": found["copies"],
+        "loop_contraction_rows": found["loop_contraction_rows"],
+        "matrix_reads": found["matrix_reads"],
         "calibration": {
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "compiler": f"libtpu, deviceless for {tpu_check.topology_of(target)}",
@@ -106,6 +147,12 @@ def summary(profile: dict[str, Any]) -> str:
     """What was measured, for the command line."""
     lines = [f"calibrated fusion of {profile['name']} written to {profile['path']}"]
     for name, probe in profile["calibration"]["probes"].items():
+        if "fusions" in probe:
+            lines.append(f"  {name:28s} {probe['products']} products of one input in {probe['fusions']} fusions")
+            continue
+        if "matrix reads" in probe:
+            lines.append(f"  {name:28s} {probe['bytes']:.4g} bytes: the matrix read {probe['matrix reads']:g} times")
+            continue
         beyond = probe["beyond"] / 2**20
         of = f"inputs {probe['inputs'] / 2**20:.2f}" if "inputs" in probe else ""
         of = of or f"intermediate {probe['intermediate'] / 2**20:.2f}"
@@ -114,4 +161,7 @@ def summary(profile: dict[str, Any]) -> str:
     lines.append(f"  fuses into consumers {', '.join(profile['fuses_into_consumers']) or 'none'}")
     copies = ", ".join(f"{k} {v:g}" for k, v in profile["layout_copies"].items())
     lines.append(f"  layout copies        {copies} (share of the op's inputs)")
+    rows = profile["loop_contraction_rows"]
+    lines.append(f"  loops, not kernels   products of at most {rows} row(s), fused with their siblings")
+    lines.append(f"  matrix reads         {profile['matrix_reads']:g} per product of more rows")
     return "\n".join(lines)
